@@ -1,0 +1,145 @@
+"""Typed records that cross package boundaries: tasks, tools, messages, samples, trajectories.
+
+Pydantic models so that a malformed task file fails with the field that is wrong, and so that
+every record has one JSON form (``model_dump(mode="json")``) for the JSONL files of a run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["caller", "simulator"]
+Source = Literal["real", "simulator", "rehearsal"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionSpec(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolSpec(_Strict):
+    """One tool in the OpenAI / Hermes function format that chat templates expect."""
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+    @property
+    def name(self) -> str:
+        return self.function.name
+
+
+class ToolCall(_Strict):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ChecklistItem(_Strict):
+    """One success criterion. Which fields are used depends on ``kind``.
+
+    called: ``tool`` was called with arguments that include ``args`` (subset match).
+    state: ``query`` run on the final world DB returns exactly ``equals`` (real source only).
+    answer_contains: the final answer contains ``text`` (case-insensitive).
+    judge: an LLM judge says the trajectory meets ``criterion``.
+    """
+
+    kind: Literal["called", "state", "answer_contains", "judge"]
+    tool: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    query: str | None = None
+    equals: list[list[Any]] | None = None
+    text: str | None = None
+    criterion: str | None = None
+
+
+class Example(_Strict):
+    """A real call/result pair from the task's world, shown to the simulator as grounding."""
+
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result: Any
+
+
+class EnvRef(_Strict):
+    world: str
+    seed: int = 0
+
+
+class Reference(_Strict):
+    """The generator's known solution: used by the scripted oracle and SFT, never shown to a policy."""
+
+    calls: list[ToolCall] = Field(default_factory=list)
+    answer: str = ""
+
+
+class Task(_Strict):
+    id: str = Field(min_length=1)
+    domain: str = ""
+    instruction: str = Field(min_length=1)
+    tools: list[ToolSpec]
+    checklist: list[ChecklistItem] = Field(default_factory=list)
+    examples: list[Example] = Field(default_factory=list)
+    env: EnvRef | None = None
+    split: Literal["train", "test"] | None = None
+    difficulty: int | None = None
+    reference: Reference | None = None
+
+    def tool(self, name: str) -> ToolSpec | None:
+        for t in self.tools:
+            if t.name == name:
+                return t
+        return None
+
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    name: str | None = None  # tool name, for role == "tool"
+    rehearsed: bool | None = None  # for role == "tool": imagined by a model (True) or real (False)
+
+
+class TurnSample(_Strict):
+    """One generated turn: the unit of GRPO training."""
+
+    role: Role
+    group_id: str  # task id: advantages are pooled per (group_id, role)
+    trajectory_index: int  # which of the G trajectories of the group
+    turn: int
+    prompt_ids: list[int]
+    gen_ids: list[int]
+    logprobs: list[float]
+    finish: Literal["stop", "length"] = "stop"
+
+
+class Verdict(_Strict):
+    item: ChecklistItem
+    met: bool | None  # None: not judged (e.g. a state item without a real world)
+    detail: str = ""
+
+
+class Trajectory(_Strict):
+    task_id: str
+    source: Source
+    trajectory_index: int = 0
+    messages: list[Message]
+    samples: list[TurnSample] = Field(default_factory=list)
+    reward: float = 0.0
+    verdicts: list[Verdict] = Field(default_factory=list)
+    stop_reason: Literal["final_answer", "max_turns", "context_limit", "length"] = "final_answer"
+    tool_calls: int = 0
+    parse_failures: int = 0
+    timings: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def final_answer(self) -> str:
+        for m in reversed(self.messages):
+            if m.role == "assistant":
+                return m.content if not m.tool_calls else ""
+        return ""
