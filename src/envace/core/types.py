@@ -135,6 +135,7 @@ class Trajectory(_Strict):
     stop_reason: Literal["final_answer", "max_turns", "context_limit", "length"] = "final_answer"
     tool_calls: int = 0
     parse_failures: int = 0
+    sim_format_failures: int = 0  # rehearsed/simulated responses that were not JSON in the tags
     timings: dict[str, float] = Field(default_factory=dict)
 
     @property
@@ -143,3 +144,18 @@ class Trajectory(_Strict):
             if m.role == "assistant":
                 return m.content if not m.tool_calls else ""
         return ""
+
+
+def trajectory_calls(traj: Trajectory) -> list[tuple[ToolCall, Message]]:
+    """Each tool call with the tool message that answered it.
+
+    The engine appends one tool message per call, in call order, right after the assistant turn.
+    """
+    out: list[tuple[ToolCall, Message]] = []
+    msgs = traj.messages
+    for i, m in enumerate(msgs):
+        if m.role != "assistant" or not m.tool_calls:
+            continue
+        answers = [r for r in msgs[i + 1 : i + 1 + len(m.tool_calls)] if r.role == "tool"]
+        out.extend(zip(m.tool_calls, answers))
+    return out

@@ -1,0 +1,136 @@
+"""Prompt rendering for both roles through the tokenizer's own chat template.
+
+Assistant turns are rendered from their raw generated text (tool-call tags included) so that the
+prompt of turn k+1 contains exactly the tokens the policy produced at turn k.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from envace.core.toolcall import RESULT_OPEN
+from envace.core.types import Message, Task, ToolCall, ToolSpec
+
+ToolFormat = Literal["native", "compact", "json"]
+
+CALLER_SYSTEM = (
+    "You are an assistant for a {domain} service. Use the tools to do what the user asks. "
+    'To call a tool write <tool_call>{{"name": "tool_name", "arguments": {{...}}}}</tool_call> and stop; '
+    "the result comes back in the next message. When the task is done, reply to the user "
+    "without any tool call, stating the key values (ids, amounts, dates)."
+)
+
+SIMULATOR_SYSTEM = (
+    "You are the {domain} service's API. You receive one tool call and must answer exactly as the "
+    "real system would, consistent with the examples and the earlier results. First validate the "
+    "call: unknown tool -> TOOL_NOT_AVAILABLE, wrong or missing arguments -> INVALID_PARAMETERS, "
+    "unknown ids -> a NOT_FOUND error. Errors look like "
+    '{{"error": {{"code": "CODE", "message": "..."}}}}. '
+    "Reply with the JSON result only, inside <execution_result></execution_result>."
+)
+
+
+def _type_of(prop: dict[str, Any]) -> str:
+    if "enum" in prop:
+        return "|".join(json.dumps(v) for v in prop["enum"])
+    t = prop.get("type", "any")
+    if t == "array":
+        return f"list[{_type_of(prop.get('items', {}))}]"
+    return t if isinstance(t, str) else "|".join(t)
+
+
+def compact_signature(tool: ToolSpec) -> str:
+    """``name(a: string, b?: integer) - description``: a few tokens instead of a JSON schema."""
+    params = tool.function.parameters
+    required = set(params.get("required", []))
+    args = [
+        f"{k}{'' if k in required else '?'}: {_type_of(v)}"
+        for k, v in params.get("properties", {}).items()
+    ]
+    desc = f" - {tool.function.description}" if tool.function.description else ""
+    return f"{tool.name}({', '.join(args)}){desc}"
+
+
+def tools_text(tools: list[ToolSpec], fmt: ToolFormat) -> str:
+    if fmt == "json":
+        return "\n".join(json.dumps(t.model_dump(mode="json"), ensure_ascii=False) for t in tools)
+    return "\n".join(compact_signature(t) for t in tools)
+
+
+def template_supports_tools(tokenizer: Any) -> bool:
+    tmpl = getattr(tokenizer, "chat_template", None) or ""
+    return isinstance(tmpl, str) and "tools" in tmpl
+
+
+@dataclass(frozen=True)
+class PromptStyle:
+    tool_format: ToolFormat = "compact"
+    max_examples: int = 3  # real call/result pairs shown to the simulator
+    max_history_results: int = 6  # earlier results of this episode shown to the simulator
+    prefill_result_tag: bool = True  # start the simulator's answer with <execution_result>
+
+
+def _encode(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
+    if tools is not None:
+        kwargs["tools"] = tools
+    text = tokenizer.apply_chat_template(messages, **kwargs)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def caller_chat(task: Task, history: list[Message], style: PromptStyle, native_tools: bool) -> list[dict]:
+    system = CALLER_SYSTEM.format(domain=task.domain or "customer")
+    if not native_tools:
+        system += "\nTools:\n" + tools_text(task.tools, style.tool_format)
+    chat = [{"role": "system", "content": system}, {"role": "user", "content": task.instruction}]
+    for m in history:
+        chat.append({"role": m.role, "content": m.content})
+    return chat
+
+
+def render_caller_prompt(tokenizer: Any, task: Task, history: list[Message], style: PromptStyle) -> list[int]:
+    """Token ids of the caller's next-turn prompt. ``history`` holds assistant and tool messages."""
+    native = style.tool_format == "native" and template_supports_tools(tokenizer)
+    chat = caller_chat(task, history, style, native)
+    return _encode(tokenizer, chat, [t.model_dump(mode="json") for t in task.tools] if native else None)
+
+
+def simulator_chat(
+    task: Task, call: ToolCall, earlier: list[tuple[ToolCall, str]], style: PromptStyle
+) -> list[dict]:
+    spec = task.tool(call.name)
+    # Examples of the called tool first: they show its result shape; the others ground ids and values.
+    examples = sorted(task.examples, key=lambda e: e.tool != call.name)[: style.max_examples]
+    parts = [f"Tool: {compact_signature(spec) if spec else call.name + ' (not in the tool list)'}"]
+    if spec is None:
+        parts.append("Available tools: " + ", ".join(t.name for t in task.tools))
+    if examples:
+        parts.append("Examples of real calls:")
+        parts += [f"{json.dumps({'name': e.tool, 'arguments': e.arguments})} -> {json.dumps(e.result)}"
+                  for e in examples]
+    if earlier:
+        parts.append("Earlier in this session:")
+        parts += [f"{json.dumps({'name': c.name, 'arguments': c.arguments})} -> {r}"
+                  for c, r in earlier[-style.max_history_results:]]
+    parts.append(f"Call: {json.dumps({'name': call.name, 'arguments': call.arguments})}")
+    return [
+        {"role": "system", "content": SIMULATOR_SYSTEM.format(domain=task.domain or "customer")},
+        {"role": "user", "content": "\n".join(parts)},
+    ]
+
+
+def render_simulator_prompt(
+    tokenizer: Any, task: Task, call: ToolCall, earlier: list[tuple[ToolCall, str]], style: PromptStyle
+) -> list[int]:
+    ids = _encode(tokenizer, simulator_chat(task, call, earlier, style))
+    if style.prefill_result_tag:
+        ids += list(tokenizer(RESULT_OPEN, add_special_tokens=False)["input_ids"])
+    return ids
+
+
+__all__ = [
+    "PromptStyle", "render_caller_prompt", "render_simulator_prompt", "compact_signature",
+    "caller_chat", "simulator_chat", "template_supports_tools"
+]

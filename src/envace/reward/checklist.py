@@ -1,0 +1,97 @@
+"""Checklist judging of a finished trajectory: reward = fraction of judged items met."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from typing import Any, Protocol
+
+from envace.core.errors import VALIDATION_CODES, error_code
+from envace.core.types import ChecklistItem, Task, Trajectory, Verdict, trajectory_calls
+
+
+class Judge(Protocol):
+    def judge(self, criterion: str, task: Task, trajectory: Trajectory) -> tuple[bool, str]: ...
+
+
+class QueryableWorld(Protocol):
+    def query(self, sql: str) -> list[list[Any]]: ...
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Value equality that does not care about 42.5 vs 42.50 vs 42 or list vs tuple."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b if isinstance(a, bool) and isinstance(b, bool) else False
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-6)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def args_match(expected: dict[str, Any], actual: dict[str, Any]) -> bool:
+    """Subset match: every expected argument is present with the same value."""
+    return all(k in actual and _same(v, actual[k]) for k, v in expected.items())
+
+
+def _parse_content(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return None
+
+
+def _judge_called(item: ChecklistItem, traj: Trajectory) -> Verdict:
+    for call, answer in trajectory_calls(traj):
+        # A call the engine rejected before it reached any world did not happen.
+        if error_code(_parse_content(answer.content)) in VALIDATION_CODES:
+            continue
+        if call.name == item.tool and args_match(item.args, call.arguments):
+            return Verdict(item=item, met=True, detail=f"called {call.name}")
+    return Verdict(item=item, met=False, detail=f"no valid call of {item.tool} with {item.args}")
+
+
+def _judge_state(item: ChecklistItem, world: QueryableWorld | None) -> Verdict:
+    if world is None:
+        return Verdict(item=item, met=None, detail="state items need a real world")
+    try:
+        rows = world.query(item.query or "")
+    except sqlite3.Error as e:
+        return Verdict(item=item, met=False, detail=f"SQL error: {e}")
+    ok = _same([list(r) for r in rows], item.equals or [])
+    return Verdict(item=item, met=ok, detail=f"rows={rows!r}"[:300])
+
+
+def _judge_answer(item: ChecklistItem, traj: Trajectory) -> Verdict:
+    answer = traj.final_answer
+    ok = bool(item.text) and item.text.lower() in answer.lower()
+    return Verdict(item=item, met=ok, detail="" if ok else f"answer lacks {item.text!r}")
+
+
+def judge_trajectory(
+    task: Task, traj: Trajectory, world: QueryableWorld | None = None, judge: Judge | None = None
+) -> tuple[float, list[Verdict]]:
+    """Verdict per checklist item; reward is the fraction met among the items that could be judged.
+
+    ``world`` is the real world after the episode (None in rehearsal: state items are skipped);
+    ``judge`` answers ``judge`` items (None: skipped).
+    """
+    verdicts: list[Verdict] = []
+    for item in task.checklist:
+        if item.kind == "called":
+            verdicts.append(_judge_called(item, traj))
+        elif item.kind == "state":
+            verdicts.append(_judge_state(item, world))
+        elif item.kind == "answer_contains":
+            verdicts.append(_judge_answer(item, traj))
+        elif judge is None:
+            verdicts.append(Verdict(item=item, met=None, detail="no judge configured"))
+        else:
+            met, why = judge.judge(item.criterion or "", task, traj)
+            verdicts.append(Verdict(item=item, met=met, detail=why[:300]))
+    judged = [v.met for v in verdicts if v.met is not None]
+    reward = sum(judged) / len(judged) if judged else 0.0
+    return reward, verdicts

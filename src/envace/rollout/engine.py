@@ -1,0 +1,145 @@
+"""The episode engine: Act -> (validate) -> source -> Act ... batched over all running episodes.
+
+Each step renders the caller prompt of every running episode (G per task, many tasks), generates
+them in one batched call, parses tool calls, answers the valid ones through the response source
+in one more batched call, and appends the tool messages. Invalid calls are answered here with a
+structured error, as a real API would, and the episode goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from envace.core.errors import INVALID_TOOL_CALL_FORMAT, tool_error
+from envace.core.toolcall import parse_tool_calls
+from envace.core.types import Message, Task, ToolCall, Trajectory, TurnSample
+from envace.core.validate import validate_call
+from envace.reward.checklist import Judge, judge_trajectory
+from envace.rollout.actors import Actor, ActorView
+from envace.rollout.sources import ResponseSource, ToolRequest, ToolResponse, dump_result
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 1  # G trajectories per task
+    max_turns: int = 4  # caller turns per episode
+
+
+@dataclass
+class RolloutStats:
+    episodes: int = 0
+    caller_tokens: int = 0
+    simulator_tokens: int = 0
+    caller_seconds: float = 0.0
+    simulator_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        gen_s = self.caller_seconds + self.simulator_seconds
+        return (self.caller_tokens + self.simulator_tokens) / gen_s if gen_s > 0 else 0.0
+
+
+@dataclass
+class _Episode:
+    task: Task
+    index: int
+    state: Any
+    history: list[Message] = field(default_factory=list)
+    samples: list[TurnSample] = field(default_factory=list)
+    earlier: list[tuple[ToolCall, str]] = field(default_factory=list)
+    stop_reason: str | None = None
+    tool_calls: int = 0
+    parse_failures: int = 0
+    sim_format_failures: int = 0
+    gen_seconds: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+
+def _step_callers(eps: list[_Episode], actor: Actor, turn: int, stats: RolloutStats
+                  ) -> list[tuple[_Episode, list[tuple[ToolCall | None, dict | None]]]]:
+    """One batched caller turn. Returns, per episode that called tools, each call with its
+    immediate error (None when the call should go to the source)."""
+    t0 = time.perf_counter()
+    turns = actor.act([ActorView(task=e.task, history=e.history, turn=turn) for e in eps], turn)
+    dt = time.perf_counter() - t0
+    stats.caller_seconds += dt
+    pending = []
+    for ep, at in zip(eps, turns):
+        if at is None:
+            ep.stop_reason = "context_limit"
+            continue
+        stats.caller_tokens += len(at.gen_ids)
+        ep.gen_seconds += dt / len(eps)
+        if at.trainable:
+            ep.samples.append(TurnSample(role="caller", group_id=ep.task.id, trajectory_index=ep.index, turn=turn,
+                                         prompt_ids=at.prompt_ids, gen_ids=at.gen_ids, logprobs=at.logprobs,
+                                         finish=at.finish))
+        parsed = parse_tool_calls(at.text)
+        ep.history.append(Message(role="assistant", content=at.text.strip(), tool_calls=parsed.calls))
+        if parsed.is_final:
+            ep.stop_reason = "final_answer"
+            continue
+        if parsed.error is not None:
+            ep.parse_failures += 1
+            pending.append((ep, [(None, tool_error(INVALID_TOOL_CALL_FORMAT, parsed.error))]))
+            continue
+        ep.tool_calls += len(parsed.calls)
+        pending.append((ep, [(c, validate_call(c, ep.task.tools)) for c in parsed.calls]))
+    return pending
+
+
+def run_episodes(
+    tasks: list[Task],
+    actor: Actor,
+    source: ResponseSource,
+    cfg: RolloutConfig,
+    judge: Judge | None = None,
+) -> tuple[list[Trajectory], RolloutStats]:
+    """Run ``cfg.group_size`` episodes per task; return finished, judged trajectories in task order."""
+    wall0 = time.perf_counter()
+    stats = RolloutStats()
+    episodes = [_Episode(task=t, index=g, state=source.start(t)) for t in tasks for g in range(cfg.group_size)]
+    for turn in range(cfg.max_turns):
+        running = [e for e in episodes if e.stop_reason is None]
+        if not running:
+            break
+        pending = _step_callers(running, actor, turn, stats)
+        requests: list[ToolRequest] = []
+        for ep, calls in pending:
+            for call, err in calls:
+                if err is None:
+                    requests.append(ToolRequest(task=ep.task, call=call, earlier=list(ep.earlier), state=ep.state,
+                                                trajectory_index=ep.index, turn=turn))
+        responses = iter(source.respond(requests))
+        for ep, calls in pending:
+            for call, err in calls:
+                resp = ToolResponse(text=dump_result(err), rehearsed=False) if err is not None else next(responses)
+                if resp.sample is not None:
+                    ep.samples.append(resp.sample)
+                    stats.simulator_tokens += len(resp.sample.gen_ids)
+                stats.simulator_seconds += resp.gen_seconds
+                ep.gen_seconds += resp.gen_seconds
+                ep.sim_format_failures += int(not resp.format_ok)
+                ep.history.append(Message(role="tool", name=call.name if call else None, content=resp.text,
+                                          rehearsed=resp.rehearsed))
+                if call is not None:
+                    ep.earlier.append((call, resp.text))
+    trajectories = []
+    for ep in episodes:
+        traj = Trajectory(
+            task_id=ep.task.id, source=source.name, trajectory_index=ep.index,
+            messages=[Message(role="user", content=ep.task.instruction), *ep.history],
+            samples=ep.samples, stop_reason=ep.stop_reason or "max_turns", tool_calls=ep.tool_calls,
+            parse_failures=ep.parse_failures, sim_format_failures=ep.sim_format_failures,
+            timings={"generation_s": round(ep.gen_seconds, 4),
+                     "episode_s": round(time.perf_counter() - ep.started, 4)},
+        )
+        world = ep.state if source.name == "real" else None
+        traj.reward, traj.verdicts = judge_trajectory(ep.task, traj, world=world, judge=judge)
+        trajectories.append(traj)
+    stats.episodes = len(episodes)
+    stats.wall_seconds = time.perf_counter() - wall0
+    return trajectories, stats
