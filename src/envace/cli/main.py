@@ -1,0 +1,35 @@
+"""The ``envace`` command: thin argument parsing over the experiments layer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from envace.cli import rollout_cmd
+
+COMMANDS = [rollout_cmd]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="envace", description="World-rehearsal agentic RL for tool-using LLMs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for mod in COMMANDS:
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        # Bad input: one clear line, no traceback.
+        print(f"envace {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"envace {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The base of every executable tool world: SQLite state built from a seed, tools as methods.
+
+A world is the ground truth the project measures rehearsal against, so ``call`` behaves like a
+strict real API: it never raises on bad model input, it answers with a structured error instead,
+and it records every call it receives (valid or not) in ``self.calls``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import date
+from typing import Any, ClassVar
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from envace.core.errors import INVALID_PARAMETERS, TOOL_NOT_AVAILABLE, tool_error
+from envace.core.types import FunctionSpec, ToolCall, ToolSpec
+
+# Tool schemas come from these small builders so that every world spells types the same way.
+ID = {"type": "string", "minLength": 1, "maxLength": 40}
+DATE = {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$", "description": "ISO date, YYYY-MM-DD."}
+TIME = {"type": "string", "pattern": r"^([01]\d|2[0-3]):[0-5]\d$", "description": "24-hour time, HH:MM."}
+MONEY = {"type": "number", "exclusiveMinimum": 0, "maximum": 1_000_000, "description": "Amount in USD."}
+
+
+def prop(base: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
+    """A property schema: ``base`` with its own description and extra keywords."""
+    return {**base, **extra, "description": description}
+
+
+def enum(values: list[str], description: str) -> dict[str, Any]:
+    return {"type": "string", "enum": values, "description": description}
+
+
+def integer(lo: int, hi: int, description: str) -> dict[str, Any]:
+    return {"type": "integer", "minimum": lo, "maximum": hi, "description": description}
+
+
+class ToolFailure(Exception):
+    """Raised inside a tool method for a domain error; ``call`` turns it into ``tool_error``."""
+
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.code, self.message, self.details = code, message, details
+
+
+def tool(
+    description: str,
+    properties: dict[str, dict[str, Any]] | None = None,
+    required: tuple[str, ...] = (),
+    writes: bool = False,
+) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
+    """Mark a World method as a tool; its name is the method name.
+
+    ``writes`` says the tool changes state: the task generator runs example calls of such tools
+    on a throwaway world so that examples all show the same initial state.
+    """
+
+    def mark(fn: Callable[..., dict]) -> Callable[..., dict]:
+        params = {
+            "type": "object",
+            "properties": properties or {},
+            "required": list(required),
+            "additionalProperties": False,
+        }
+        fn._tool_spec = ToolSpec(  # type: ignore[attr-defined]
+            function=FunctionSpec(name=fn.__name__, description=description, parameters=params)
+        )
+        fn._tool_writes = writes  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def money(cents: int) -> str:
+    """Amounts go out as decimal strings ("42.50"), as payment APIs do, so cents never get lost."""
+    sign = "-" if cents < 0 else ""
+    return f"{sign}{abs(cents) // 100}.{abs(cents) % 100:02d}"
+
+
+def to_cents(amount: float) -> int:
+    cents = round(amount * 100)
+    if abs(amount * 100 - cents) > 1e-6:
+        raise ToolFailure("INVALID_AMOUNT", f"Amount {amount} has more than two decimal places")
+    return cents
+
+
+def parse_date(value: str) -> date:
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise ToolFailure("INVALID_DATE", f"{value!r} is not a valid calendar date") from None
+
+
+def _bad_value(value: Any) -> str | None:
+    """What jsonschema lets through but SQLite or arithmetic would choke on."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "numbers must be finite"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "strings must be valid UTF-8"
+    if isinstance(value, dict):
+        return next((e for v in value.values() if (e := _bad_value(v))), None)
+    if isinstance(value, list):
+        return next((e for v in value if (e := _bad_value(v))), None)
+    return None
+
+
+_BASE_SCHEMA = "CREATE TABLE sequences(name TEXT PRIMARY KEY, next INT);\n"
+_TEMPLATE_CACHE_SIZE = 16
+_TEMPLATES: OrderedDict[tuple[type, int], sqlite3.Connection] = OrderedDict()
+_TEMPLATE_LOCK = threading.Lock()
+
+
+class World:
+    """A SQLite-backed tool world; ``World(seed)`` builds it, a fresh instance is the reset."""
+
+    name: ClassVar[str] = ""
+    today: ClassVar[date]
+    schema: ClassVar[str] = ""  # CREATE TABLE statements
+    _specs: ClassVar[dict[str, ToolSpec]] = {}
+    _validators: ClassVar[dict[str, Draft202012Validator]] = {}
+    writing_tools: ClassVar[frozenset[str]] = frozenset()
+    _empty_db: ClassVar[sqlite3.Connection]  # per subclass: the schema, no rows
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        specs: dict[str, ToolSpec] = {}
+        writes: set[str] = set()
+        for klass in reversed(cls.__mro__):  # definition order, subclasses may override
+            for attr in vars(klass).values():
+                if spec := getattr(attr, "_tool_spec", None):
+                    specs[spec.name] = spec
+                    if attr._tool_writes:
+                        writes.add(spec.name)
+        cls._specs = specs
+        cls._validators = {n: Draft202012Validator(s.function.parameters) for n, s in specs.items()}
+        cls.writing_tools = frozenset(writes)
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.calls: list[tuple[ToolCall, dict]] = []
+        self.db = sqlite3.connect(":memory:")
+        with _TEMPLATE_LOCK:
+            self._template(seed).backup(self.db)
+
+    @classmethod
+    def _template(cls, seed: int) -> sqlite3.Connection:
+        """The populated DB of ``seed``, built once: copying it is ~40x faster than populating,
+        and task generation builds the same seed's world several times in a row."""
+        key = (cls, seed)
+        if key in _TEMPLATES:
+            _TEMPLATES.move_to_end(key)
+            return _TEMPLATES[key]
+        db = sqlite3.connect(":memory:", check_same_thread=False)
+        cls._empty().backup(db)  # the tables, without re-parsing the schema every time
+        builder = cls.__new__(cls)
+        builder.db = db
+        with db:
+            builder.populate(random.Random(f"{cls.name}:{seed}"))
+        _TEMPLATES[key] = db
+        if len(_TEMPLATES) > _TEMPLATE_CACHE_SIZE:
+            _TEMPLATES.popitem(last=False)[1].close()
+        return db
+
+    @classmethod
+    def _empty(cls) -> sqlite3.Connection:
+        if "_empty_db" not in cls.__dict__:
+            cls._empty_db = sqlite3.connect(":memory:", check_same_thread=False)
+            cls._empty_db.executescript(_BASE_SCHEMA + cls.schema)
+        return cls._empty_db
+
+    def populate(self, rng: random.Random) -> None:
+        """Fill the tables; all randomness must come from ``rng`` and all state must live in
+        ``self.db`` (the populated DB is copied, the instance is not)."""
+        raise NotImplementedError
+
+    # -- public API -----------------------------------------------------------------------
+
+    def tools(self) -> list[ToolSpec]:
+        """Fresh copies, so that a caller editing a task's tools cannot change the world's."""
+        return [ToolSpec.model_validate(s.model_dump()) for s in self._specs.values()]
+
+    def call(self, name: str, arguments: dict) -> dict:
+        result = self._dispatch(name, arguments)
+        try:
+            recorded = copy.deepcopy(arguments) if isinstance(arguments, dict) else {}
+        except Exception:  # unpicklable junk from a buggy caller: keep the call, drop the args
+            recorded = {}
+        self.calls.append((ToolCall(name=str(name), arguments=recorded), result))
+        return result
+
+    def query(self, sql: str) -> list[list]:
+        """Run one read-only statement; sqlite3.Error propagates (a write attempt is one)."""
+        self.db.execute("PRAGMA query_only = ON")
+        try:
+            return [list(row) for row in self.db.execute(sql).fetchall()]
+        finally:
+            self.db.execute("PRAGMA query_only = OFF")
+
+    # -- helpers for subclasses -----------------------------------------------------------
+
+    def rows(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+        cur = self.db.execute(sql, params)
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    def row(self, sql: str, *params: Any) -> dict[str, Any] | None:
+        found = self.rows(sql, *params)
+        return found[0] if found else None
+
+    def scalar(self, sql: str, *params: Any) -> Any:
+        r = self.db.execute(sql, params).fetchone()
+        return r[0] if r else None
+
+    def next_number(self, sequence: str) -> int:
+        """Take the next number of an id sequence (returns, disputes...) started by ``start_sequence``."""
+        n = self.scalar("SELECT next FROM sequences WHERE name = ?", sequence)
+        self.db.execute("UPDATE sequences SET next = next + 1 WHERE name = ?", (sequence,))
+        return n
+
+    def start_sequence(self, sequence: str, first: int) -> None:
+        self.db.execute("INSERT INTO sequences VALUES (?, ?)", (sequence, first))
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def _dispatch(self, name: Any, arguments: Any) -> dict:
+        if not isinstance(name, str) or name not in self._specs:
+            return tool_error(
+                TOOL_NOT_AVAILABLE,
+                f"Tool {name!r} is not available",
+                available=sorted(self._specs),
+            )
+        if not isinstance(arguments, dict):
+            return tool_error(INVALID_PARAMETERS, "arguments must be a JSON object")
+        if bad := _bad_value(arguments):
+            return tool_error(INVALID_PARAMETERS, bad)
+        error = best_match(self._validators[name].iter_errors(arguments))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+            return tool_error(INVALID_PARAMETERS, f"{where}: {error.message}")
+        args = self._coerce(name, arguments)
+        try:
+            with self.db:  # a failing tool leaves no half-written state
+                return getattr(self, name)(**args)
+        except ToolFailure as failure:
+            return tool_error(failure.code, failure.message, **failure.details)
+
+    def _coerce(self, name: str, arguments: dict) -> dict:
+        """jsonschema accepts 2.0 as an integer; hand the tool a real int."""
+        props = self._specs[name].function.parameters["properties"]
+        return {
+            k: int(v) if props[k].get("type") == "integer" and isinstance(v, float) else v
+            for k, v in arguments.items()
+        }

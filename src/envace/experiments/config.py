@@ -1,0 +1,149 @@
+"""Training configuration: typed, loaded from YAML, overridable from the command line.
+
+A bad value fails before anything runs, with the file and the dotted field path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PromptConfig(_Section):
+    tool_format: Literal["native", "compact", "json"] = "compact"
+    max_examples: int = Field(3, ge=0)
+    max_history_results: int = Field(6, ge=0)
+    prefill_result_tag: bool = True
+
+
+class RolloutSettings(_Section):
+    max_turns: int = Field(4, ge=1)
+    caller_max_new_tokens: int = Field(64, ge=1)
+    simulator_max_new_tokens: int = Field(64, ge=1)
+    max_prompt_tokens: int = Field(1536, ge=16)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_batch: int = Field(16, ge=1)
+
+
+class GRPOConfig(_Section):
+    lr: float = Field(1e-4, gt=0)
+    clip: float = Field(0.2, gt=0)
+    agg: Literal["token_mean", "seq_mean"] = "token_mean"
+    norm_by_std: bool = False
+    empty_penalty: float = Field(0.1, ge=0)
+    kl_coef: float = Field(0.0, ge=0)
+    caller_weight: float = Field(1.0, ge=0)
+    simulator_weight: float = Field(1.0, ge=0)
+    micro_batch_tokens: int = Field(4096, ge=64)
+    ppo_epochs: int = Field(1, ge=1)
+    max_grad_norm: float | None = 1.0
+    sim_format_reward: float = Field(0.0, ge=0, description="extra simulator reward when its output parses as JSON")
+
+
+class LoraConfig(_Section):
+    enabled: bool = True
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+
+
+class SFTConfig(_Section):
+    enabled: bool = True
+    trajectories: int = Field(200, ge=1, description="oracle trajectories from the train split")
+    epochs: int = Field(2, ge=1)
+    lr: float = Field(2e-4, gt=0)
+    micro_batch_tokens: int = Field(4096, ge=64)
+    roles: list[Literal["caller", "simulator"]] = Field(default_factory=lambda: ["caller", "simulator"])
+
+
+class EvalConfig(_Section):
+    every: int = Field(5, ge=0, description="steps between real-world evaluations (0: only at start and end)")
+    tasks: int = Field(24, ge=1)
+    split: Literal["train", "test"] = "test"
+    temperature: float = Field(0.0, ge=0)
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(1, ge=1)
+    keep_last: int = Field(2, ge=1)
+
+
+class TrainConfig(_Section):
+    model: str = "smollm2"
+    sim_model: str | None = Field(None, description="frozen simulator for source=simulator (default: the start model)")
+    seed: int = 0
+    worlds: list[str] = Field(default_factory=lambda: ["shop", "calendar", "bank"])
+    task_file: str | None = None
+    source: Literal["rehearsal", "real", "simulator"] = "rehearsal"
+    mode: Literal["share", "noshare", "caller_only", "frozen_caller"] = "share"
+    steps: int = Field(20, ge=0)
+    tasks_per_step: int = Field(4, ge=1)
+    group_size: int = Field(4, ge=1)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    out: str = "runs"
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def parse_config(data: dict[str, Any], origin: str = "<config>") -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        msgs = [f"{origin}: field '{_loc(err['loc'])}': {err['msg']}" for err in e.errors()]
+        raise ConfigError("\n".join(msgs)) from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``key.sub=value`` overrides; values are parsed as YAML (numbers, booleans, lists)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, raw = item.split("=", 1)
+        node = data
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    data: dict[str, Any] = {}
+    origin = "<defaults>"
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of settings")
+        origin = str(path)
+    return parse_config(apply_overrides(data, overrides or []), origin)

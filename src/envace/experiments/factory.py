@@ -1,0 +1,49 @@
+"""Builds backends, actors and response sources from names, so configs and the CLI stay thin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from envace.core.prompts import PromptStyle
+from envace.policy.transformers_backend import TransformersBackend
+from envace.rollout.actors import PolicyActor
+from envace.rollout.sources import ModelSource, RealSource, ResponseSource
+
+SOURCES = ("real", "rehearsal", "simulator")
+
+
+@dataclass
+class GenerationSettings:
+    caller_max_new_tokens: int = 96
+    simulator_max_new_tokens: int = 96
+    max_prompt_tokens: int = 2048
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_batch: int = 16
+    style: PromptStyle = field(default_factory=PromptStyle)
+
+
+def load_backend(spec: str, max_batch: int = 16) -> TransformersBackend:
+    return TransformersBackend.from_spec(spec, max_batch=max_batch)
+
+
+def make_actor(backend: Any, gen: GenerationSettings, seed: int | None) -> PolicyActor:
+    return PolicyActor(backend=backend, style=gen.style, max_new_tokens=gen.caller_max_new_tokens,
+                       max_prompt_tokens=gen.max_prompt_tokens, temperature=gen.temperature, top_p=gen.top_p,
+                       seed=seed)
+
+
+def make_source(name: str, policy: Any, gen: GenerationSettings, seed: int | None,
+                simulator: Any | None = None) -> ResponseSource:
+    """``rehearsal`` uses the policy itself; ``simulator`` a separate frozen backend."""
+    if name == "real":
+        return RealSource()
+    if name not in SOURCES:
+        raise ValueError(f"unknown source {name!r}; choose one of {SOURCES}")
+    backend = policy if name == "rehearsal" else simulator
+    if backend is None:
+        raise ValueError("source 'simulator' needs a simulator model (--sim-model)")
+    return ModelSource(backend=backend, name=name, record_samples=name == "rehearsal", style=gen.style,
+                       max_new_tokens=gen.simulator_max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
+                       seed=None if seed is None else seed + 104729)

@@ -1,0 +1,51 @@
+"""One rollout job: tasks x G episodes against one source, written to a run directory."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from envace.experiments.factory import GenerationSettings, load_backend, make_actor, make_source
+from envace.experiments.rundir import RunDir
+from envace.experiments.summary import print_summary, summarize, summary_markdown
+from envace.experiments.tasks import select_tasks
+from envace.rollout.engine import RolloutConfig, run_episodes
+
+
+@dataclass
+class RolloutJob:
+    world: str = "shop"
+    task_file: str | None = None
+    split: str = "test"
+    tasks: int = 4
+    source: str = "real"
+    model: str = "smollm2"
+    sim_model: str | None = None
+    group_size: int = 1
+    max_turns: int = 4
+    max_new_tokens: int = 96
+    temperature: float = 0.0
+    max_batch: int = 16
+    seed: int = 0
+    out: str = "runs"
+
+
+def run_rollout_job(job: RolloutJob) -> RunDir:
+    if job.tasks < 1 or job.group_size < 1 or job.max_turns < 1:
+        raise ValueError("--tasks, --group-size and --max-turns must be >= 1")
+    tasks = select_tasks(job.world, job.split, job.tasks, job.task_file)
+    run = RunDir.create(job.out, "rollout", asdict(job), seed=job.seed)
+    print(f"run directory: {run.path}")
+    gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.max_new_tokens,
+                             temperature=job.temperature, max_batch=job.max_batch)
+    policy = load_backend(job.model, job.max_batch)
+    simulator = None
+    if job.source == "simulator":
+        simulator = load_backend(job.sim_model or job.model, job.max_batch)
+    source = make_source(job.source, policy, gen, job.seed, simulator=simulator)
+    trajs, stats = run_episodes(tasks, make_actor(policy, gen, job.seed), source,
+                                RolloutConfig(group_size=job.group_size, max_turns=job.max_turns))
+    run.add_trajectories(trajs)
+    summary = summarize(trajs, stats.tokens_per_second)
+    run.write_text("summary.md", summary_markdown(summary, f"rollout: {job.model} on {job.world} ({job.source})"))
+    print_summary(summary, f"{job.model} on {job.world}/{job.split}, source={job.source}")
+    return run

@@ -1,0 +1,95 @@
+"""A run directory: resolved config, provenance, trajectories and metrics, all written safely.
+
+Layout::
+
+    runs/<id>/config.yaml        resolved config (what actually ran)
+    runs/<id>/meta.json          seed, git revision, command line, start time, machine
+    runs/<id>/trajectories.jsonl append-only, one Trajectory a line
+    runs/<id>/metrics.jsonl      append-only, one dict a line
+    runs/<id>/summary.md         written at the end
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from envace.core.jsonl import append_jsonl, atomic_write_text, read_jsonl_dicts
+from envace.core.types import Trajectory
+
+
+def git_revision() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def new_run_id(kind: str) -> str:
+    return f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    @classmethod
+    def create(cls, root: Path | str, kind: str, config: dict[str, Any], seed: int | None = None,
+               name: str | None = None) -> "RunDir":
+        path = Path(root) / (name or new_run_id(kind))
+        if path.exists() and any(path.iterdir()):
+            raise FileExistsError(f"run directory {path} already exists and is not empty (use --resume to continue it)")
+        path.mkdir(parents=True, exist_ok=True)
+        run = cls(path)
+        run.write_config(config)
+        meta = {"kind": kind, "seed": seed, "git_revision": git_revision(), "argv": sys.argv,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": sys.version.split()[0],
+                "platform": platform.platform(), "cpus": os.cpu_count()}
+        atomic_write_text(path / "meta.json", json.dumps(meta, indent=2))
+        return run
+
+    @classmethod
+    def open(cls, path: Path | str) -> "RunDir":
+        path = Path(path)
+        if not (path / "config.yaml").exists():
+            raise FileNotFoundError(f"{path} is not a run directory (no config.yaml)")
+        return cls(path)
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+
+    def config(self) -> dict[str, Any]:
+        return yaml.safe_load((self.path / "config.yaml").read_text()) or {}
+
+    def meta(self) -> dict[str, Any]:
+        p = self.path / "meta.json"
+        return json.loads(p.read_text()) if p.exists() else {}
+
+    def add_trajectories(self, trajectories: Iterable[Trajectory], name: str = "trajectories.jsonl") -> None:
+        append_jsonl(self.path / name, trajectories)
+
+    def trajectories(self, name: str = "trajectories.jsonl") -> list[Trajectory]:
+        return [Trajectory.model_validate(d) for d in read_jsonl_dicts(self.path / name)]
+
+    def log_metrics(self, row: dict[str, Any]) -> None:
+        append_jsonl(self.path / "metrics.jsonl", [row])
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl_dicts(self.path / "metrics.jsonl")
+
+    def write_text(self, name: str, text: str) -> Path:
+        atomic_write_text(self.path / name, text)
+        return self.path / name

@@ -1,0 +1,209 @@
+"""Role-wise GRPO loss: PPO clipped objective on generated tokens, per role, weighted sum.
+
+``loss = caller_weight * L_caller + simulator_weight * L_simulator``. A role whose weight is 0
+is not part of the graph at all, so its tokens get exactly zero gradient; in shared-parameter
+mode this is what ``frozen_caller`` means (the simulator still learns through its own tokens).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import torch
+from torch import nn
+
+from envace.core.types import Role
+from envace.train.advantages import ScoredSample
+from envace.train.batching import PackedBatch, pack_samples
+
+LossAgg = Literal["token_mean", "seq_mean"]
+ROLES: tuple[Role, ...] = ("caller", "simulator")
+
+# Keys of the stats dict, by how micro-batch values combine into a full-batch value.
+_SUMMED_PREFIXES = ("loss", "tokens", "samples")
+_TOKEN_WEIGHTED = ("clip_frac", "ratio_mean", "entropy", "kl")
+_MAXED = ("ratio_max",)
+
+
+def _forward_kwargs(model: nn.Module) -> set[str]:
+    """Optional HF forward arguments the model takes (a peft wrapper passes **kwargs through)."""
+    params = inspect.signature(model.forward).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return {"logits_to_keep", "use_cache"}
+    return {k for k in ("logits_to_keep", "use_cache") if k in params}
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def token_logprobs(
+    model: nn.Module,
+    packed: PackedBatch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``packed.targets`` under ``log_softmax(logits / temperature)``: [B, W] float32.
+
+    The temperature matches the sampler's, so at unchanged parameters these equal the stored
+    ``logprobs`` and the PPO ratio is 1. Entropy ([B, W], no grad) is optional: it costs one
+    more vocabulary-sized temporary.
+    """
+    device = model_device(model)
+    accepted = _forward_kwargs(model)
+    kwargs: dict[str, object] = {}
+    if "logits_to_keep" in accepted:
+        kwargs["logits_to_keep"] = packed.logits_to_keep
+    if "use_cache" in accepted:
+        kwargs["use_cache"] = False
+    out = model(
+        input_ids=packed.input_ids.to(device),
+        attention_mask=packed.attention_mask.to(device),
+        **kwargs,
+    )
+    logits = out.logits if hasattr(out, "logits") else out
+    if logits.shape[1] == packed.input_ids.shape[1]:  # the model ignored logits_to_keep
+        logits = logits[:, packed.window_start :]
+    logits = logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, packed.targets.to(device).unsqueeze(-1)).squeeze(-1) - lse
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
+def role_normalizers(
+    batch: Sequence[ScoredSample], agg: LossAgg = "token_mean"
+) -> dict[Role, float]:
+    """Per-role denominators of the full batch: generated tokens (token_mean) or samples with
+    at least one generated token (seq_mean). Passing these to every micro-batch's
+    ``grpo_loss`` makes the micro-batch losses sum to the full-batch loss."""
+    out: dict[Role, float] = {r: 0.0 for r in ROLES}
+    for s in batch:
+        if s.n_tokens:
+            out[s.role] += s.n_tokens if agg == "token_mean" else 1.0
+    return out
+
+
+def grpo_loss(
+    model: nn.Module,
+    batch: Sequence[ScoredSample] | PackedBatch,
+    clip: float = 0.2,
+    agg: LossAgg = "token_mean",
+    kl_coef: float = 0.0,
+    ref_model: nn.Module | None = None,
+    caller_weight: float = 1.0,
+    simulator_weight: float = 1.0,
+    temperature: float = 1.0,
+    normalizers: Mapping[Role, float] | None = None,
+    clip_high: float | None = None,
+    pad_id: int = 0,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One forward of ``model`` on ``batch``; returns (scalar loss, stats).
+
+    Per token: ``-min(ratio*A, clip(ratio, 1-clip, 1+clip_high)*A)`` (+ ``kl_coef`` x k3 KL to
+    ``ref_model``), ``ratio = exp(new_logp - sampler_logp)``. Per role: token_mean = sum over
+    the role's generated tokens / ``normalizers[role]`` (default: this batch's token count);
+    seq_mean = sum over the role's samples of their token means / ``normalizers[role]``
+    (default: this batch's sample count). Stats (floats): ``loss``, ``loss/<role>`` (unweighted),
+    ``tokens/<role>``, ``samples/<role>``, ``tokens``, ``clip_frac``, ``ratio_mean``,
+    ``ratio_max``, ``entropy`` (if asked), ``kl`` (whenever ``ref_model`` is given).
+    """
+    if agg not in ("token_mean", "seq_mean"):
+        raise ValueError(f"unknown agg {agg!r}: expected 'token_mean' or 'seq_mean'")
+    if kl_coef and ref_model is None:
+        raise ValueError("kl_coef > 0 needs a ref_model")
+    packed = batch if isinstance(batch, PackedBatch) else pack_samples(batch, pad_id=pad_id)
+    weights: dict[Role, float] = {"caller": caller_weight, "simulator": simulator_weight}
+    device = model_device(model)
+    mask = packed.token_mask.to(device)
+    n_tokens = int(mask.sum())
+    if n_tokens == 0:
+        # Nothing generated: a zero loss still tied to the parameters, so backward() works.
+        anchor = next(p for p in model.parameters() if p.requires_grad)
+        return anchor.sum() * 0.0, {"loss": 0.0, "tokens": 0.0}
+
+    new_logp, entropy = token_logprobs(model, packed, temperature, with_entropy=with_entropy)
+    old_logp = packed.old_logprobs.to(device)
+    adv = packed.advantages.to(device).unsqueeze(1)
+
+    # Masked positions get log-ratio 0, so whatever sits there can never overflow or leak in.
+    log_ratio = torch.where(mask, new_logp - old_logp, torch.zeros_like(new_logp))
+    ratio = torch.exp(log_ratio)
+    upper = 1.0 + (clip if clip_high is None else clip_high)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip, upper)
+    per_token = torch.maximum(unclipped, clipped)
+
+    kl_tok = None
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_logp, _ = token_logprobs(ref_model, packed, temperature)
+        delta = torch.where(mask, ref_logp.to(device) - new_logp, torch.zeros_like(new_logp))
+        kl_tok = torch.exp(delta) - delta - 1.0  # k3: unbiased, always >= 0
+        if kl_coef:
+            per_token = per_token + kl_coef * kl_tok
+
+    loss = new_logp.sum() * 0.0  # anchor: backward() works even if every role is skipped
+    stats: dict[str, float] = {"tokens": float(n_tokens)}
+    for role in ROLES:
+        role_tokens = mask & packed.role_mask(role).to(device).unsqueeze(1)
+        per_row = role_tokens.sum(1)
+        n_role_tokens = int(per_row.sum())
+        n_role_samples = int((per_row > 0).sum())
+        stats[f"tokens/{role}"] = float(n_role_tokens)
+        stats[f"samples/{role}"] = float(n_role_samples)
+        role_loss = None
+        if n_role_tokens:
+            summed = torch.where(role_tokens, per_token, torch.zeros_like(per_token))
+            if agg == "token_mean":
+                numer = summed.sum()
+                denom = n_role_tokens
+            else:
+                numer = (summed.sum(1) / per_row.clamp(min=1)).sum()
+                denom = n_role_samples
+            if normalizers is not None:
+                denom = normalizers.get(role, 0.0)
+            if denom:
+                role_loss = numer / denom
+        stats[f"loss/{role}"] = 0.0 if role_loss is None else float(role_loss.detach())
+        if role_loss is not None and weights[role] != 0.0:
+            loss = loss + weights[role] * role_loss
+    stats["loss"] = float(loss.detach())
+
+    with torch.no_grad():
+        stats["clip_frac"] = float(((clipped > unclipped) & mask).sum()) / n_tokens
+        stats["ratio_mean"] = float(ratio[mask].mean())
+        stats["ratio_max"] = float(ratio[mask].max())
+        if entropy is not None:
+            stats["entropy"] = float(entropy[mask].mean())
+        if kl_tok is not None:
+            stats["kl"] = float(kl_tok[mask].mean())
+    return loss, stats
+
+
+def merge_loss_stats(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Combine per-micro-batch stats: losses and counts add up (the losses were normalised by
+    full-batch counts), ratios/entropy/kl/clip_frac average weighted by tokens, maxima max."""
+    out: dict[str, float] = {}
+    total_tokens = sum(p.get("tokens", 0.0) for p in parts)
+    for key in sorted({k for p in parts for k in p}):
+        values = [(p[key], p.get("tokens", 0.0)) for p in parts if key in p]
+        if key.split("/")[0] in _SUMMED_PREFIXES:
+            out[key] = sum(v for v, _ in values)
+        elif key in _MAXED:
+            out[key] = max(v for v, _ in values)
+        elif key in _TOKEN_WEIGHTED:
+            weight = sum(w for _, w in values)
+            out[key] = sum(v * w for v, w in values) / weight if weight else 0.0
+        else:
+            out[key] = values[-1][0]
+    out["tokens"] = total_tokens
+    return out

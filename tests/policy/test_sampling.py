@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+import pytest
+
+from envace.policy.sampling import SamplingParams
+
+
+def test_defaults_and_logprob_temperature() -> None:
+    assert SamplingParams(temperature=0).greedy
+    assert SamplingParams(temperature=0).logprob_temperature == 1.0
+    assert SamplingParams(temperature=0.7).logprob_temperature == 0.7
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_new_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"stop": [""]}]
+)
+def test_invalid_params_are_refused(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)

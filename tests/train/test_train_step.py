@@ -1,0 +1,194 @@
+"""Optimiser step: learning on a fixed batch, exact gradient accumulation, modes, LoRA."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from train_helpers import make_tiny_model, random_scored_batch
+
+from envace.train.batching import padding_fraction, sequence_length, split_micro_batches
+from envace.train.grpo_loss import grpo_loss
+from envace.train.modes import MODE_NAMES, ModeSpec
+from envace.train.step import GRPOUpdater, UpdaterConfig, update_for_mode, updaters_for_mode
+
+
+def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _changed(before: dict[str, torch.Tensor], model: torch.nn.Module) -> set[str]:
+    return {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
+
+
+def test_one_update_lowers_loss_on_its_batch(tiny_model):
+    batch = random_scored_batch(tiny_model, 8, seed=10)
+    with torch.no_grad():
+        before, _ = grpo_loss(tiny_model, batch)
+    stats = GRPOUpdater(tiny_model, UpdaterConfig(lr=1e-3)).step(batch)
+    with torch.no_grad():
+        after, _ = grpo_loss(tiny_model, batch)
+    assert after.item() < before.item() - 1e-4
+    assert stats["optimizer_steps"] == 1 and stats["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
+def test_micro_batch_accumulation_matches_full_batch(agg):
+    model = make_tiny_model(1)
+    batch = random_scored_batch(model, 9, seed=11)
+    cfg = dict(agg=agg, caller_weight=0.5, simulator_weight=2.0)
+    full = GRPOUpdater(model, UpdaterConfig(micro_batch_tokens=10_000, **cfg))
+    full_stats = full.compute_gradients(batch)
+    full_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    longest = max(sequence_length(s) for s in batch)
+    split = GRPOUpdater(model, UpdaterConfig(micro_batch_tokens=3 * longest + 1, **cfg))
+    split_stats = split.compute_gradients(batch)
+    assert full_stats["micro_batches"] == 1 and split_stats["micro_batches"] == 3
+    assert split_stats["loss"] == pytest.approx(full_stats["loss"], abs=1e-6)
+    assert split_stats["padding_frac"] <= full_stats["padding_frac"]
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, full_grads[n], atol=1e-7, rtol=1e-5)
+
+
+def test_split_micro_batches_respects_budget():
+    model = make_tiny_model(2)
+    batch = random_scored_batch(model, 20, seed=12)
+    micro = split_micro_batches(batch, 40)
+    assert sorted(id(s) for mb in micro for s in mb) == sorted(id(s) for s in batch)
+    for mb in micro:
+        assert len(mb) == 1 or len(mb) * max(sequence_length(s) for s in mb) <= 40
+    assert 0.0 <= padding_fraction(micro) < padding_fraction([batch])
+    with pytest.raises(ValueError):
+        split_micro_batches(batch, 0)
+
+
+def test_skipping_zero_advantage_samples_changes_nothing():
+    model = make_tiny_model(3)
+    batch = random_scored_batch(model, 8, seed=13)
+    batch = [s if i % 3 else type(s)(s.sample, 0.0, s.reward) for i, s in enumerate(batch)]
+    grads = []
+    for skip in (True, False):
+        stats = GRPOUpdater(model, UpdaterConfig(skip_zero_advantage=skip)).compute_gradients(batch)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        assert stats["skipped_zero_adv"] == (3 if skip else 0)
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-7, rtol=1e-5)
+
+
+def test_no_signal_takes_no_step(tiny_model):
+    batch = [type(s)(s.sample, 0.0, 1.0) for s in random_scored_batch(tiny_model, 4, seed=14)]
+    before = _params(tiny_model)
+    stats = GRPOUpdater(tiny_model, UpdaterConfig(lr=1e-2, weight_decay=0.1)).step(batch)
+    assert stats["optimizer_steps"] == 0 and not _changed(before, tiny_model)
+
+
+def test_ppo_epochs(tiny_model):
+    batch = random_scored_batch(tiny_model, 4, seed=15)
+    stats = GRPOUpdater(tiny_model, UpdaterConfig(lr=1e-3, ppo_epochs=3)).step(batch)
+    assert stats["optimizer_steps"] == 3
+    assert stats["ratio_mean"] != pytest.approx(1.0, abs=1e-7)  # later epochs are off-policy
+
+
+def test_mode_table():
+    assert set(MODE_NAMES) == {"share", "noshare", "caller_only", "frozen_caller"}
+    share, noshare = ModeSpec.for_mode("share"), ModeSpec.for_mode("noshare")
+    caller_only, frozen_caller = ModeSpec.for_mode("caller_only"), ModeSpec.for_mode("frozen_caller")
+    assert share.shared_parameters and share.trained_models == ("policy",)
+    assert noshare.model_keys == ("caller", "simulator") and noshare.trained_models == ("caller", "simulator")
+    assert caller_only.model_keys == ("caller", "simulator") and caller_only.trained_models == ("caller",)
+    assert frozen_caller.shared_parameters and frozen_caller.trained_roles == {"simulator"}
+    assert frozen_caller.loss_weights("policy", 1.0, 1.0) == {"caller": 0.0, "simulator": 1.0}
+    assert noshare.loss_weights("caller", 1.0, 3.0) == {"caller": 1.0, "simulator": 0.0}
+    with pytest.raises(ValueError, match="unknown training mode 'shared'"):
+        ModeSpec.for_mode("shared")
+
+
+def test_frozen_caller_share_mode_trains_through_simulator_only(tiny_model):
+    spec = ModeSpec.for_mode("frozen_caller")
+    updaters = updaters_for_mode(spec, {"policy": tiny_model}, UpdaterConfig(lr=1e-3))
+    batch = random_scored_batch(tiny_model, 8, seed=16)
+    caller_only_batch = [s for s in batch if s.role == "caller"]
+
+    before = _params(tiny_model)
+    stats = update_for_mode(spec, updaters, caller_only_batch)
+    assert stats["policy/optimizer_steps"] == 0 and not _changed(before, tiny_model)
+
+    stats = update_for_mode(spec, updaters, batch)
+    assert stats["policy/optimizer_steps"] == 1
+    assert stats["policy/tokens/caller"] == 0 and stats["policy/tokens/simulator"] > 0
+    assert _changed(before, tiny_model)  # the shared parameters did learn
+
+
+def test_noshare_and_caller_only_route_samples_to_their_model():
+    caller_model, sim_model = make_tiny_model(4), make_tiny_model(5)
+    batch = random_scored_batch(caller_model, 8, seed=17)
+    # noshare: each model learns from its own role; the caller model's step equals a step on
+    # caller samples alone.
+    reference = copy.deepcopy(caller_model)
+    GRPOUpdater(reference, UpdaterConfig(lr=1e-3)).step([s for s in batch if s.role == "caller"])
+    spec = ModeSpec.for_mode("noshare")
+    sim_before = _params(sim_model)
+    updaters = updaters_for_mode(spec, {"caller": caller_model, "simulator": sim_model}, UpdaterConfig(lr=1e-3))
+    stats = update_for_mode(spec, updaters, batch)
+    assert stats["caller/tokens/simulator"] == 0 and stats["simulator/tokens/caller"] == 0
+    for (n, p), q in zip(caller_model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-7, rtol=1e-6, msg=n)
+    assert _changed(sim_before, sim_model)
+
+    # caller_only: the simulator model gets no updater and never moves.
+    spec = ModeSpec.for_mode("caller_only")
+    sim_before = _params(sim_model)
+    updaters = updaters_for_mode(spec, {"caller": caller_model, "simulator": sim_model}, UpdaterConfig(lr=1e-3))
+    assert set(updaters) == {"caller"}
+    update_for_mode(spec, updaters, batch)
+    assert not _changed(sim_before, sim_model)
+    with pytest.raises(ValueError, match="missing"):
+        updaters_for_mode(spec, {"caller": caller_model}, UpdaterConfig())
+
+
+def test_lora_model_trains_only_its_adapter(tiny_model):
+    batch = random_scored_batch(tiny_model, 6, seed=18)
+    lora = get_peft_model(tiny_model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    updater = GRPOUpdater(lora, UpdaterConfig(lr=1e-2))
+    opt_params = {id(p) for g in updater.optimizer.param_groups for p in g["params"]}
+    trainable = {id(p) for n, p in lora.named_parameters() if "lora_" in n}
+    assert opt_params == trainable
+    before = _params(lora)
+    # LoRA B starts at zero, so the adapted model equals the base: ratio 1 at the stored log-probs.
+    stats = updater.step(batch)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    changed = _changed(before, lora)
+    assert changed and all("lora_" in n for n in changed)
+    with torch.no_grad():
+        after, _ = grpo_loss(lora, batch)
+    assert after.item() < stats["loss"]
+
+
+class _PlainLM(torch.nn.Module):
+    """Not a Hugging Face model: no logits_to_keep, returns bare logits."""
+
+    def __init__(self, vocab: int = 256, width: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.mix = torch.nn.Linear(width, width)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(input_ids)
+        h = torch.cumsum(h, dim=1) / torch.arange(1, h.shape[1] + 1).view(1, -1, 1)  # causal mean
+        return self.head(torch.tanh(self.mix(h)))
+
+
+def test_plain_module_trains():
+    model = _PlainLM()
+    batch = random_scored_batch(model, 6, seed=19)
+    with torch.no_grad():
+        before, stats = grpo_loss(model, batch)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    GRPOUpdater(model, UpdaterConfig(lr=1e-2)).step(batch)
+    with torch.no_grad():
+        after, _ = grpo_loss(model, batch)
+    assert after.item() < before.item()
