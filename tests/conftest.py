@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from envace.policy.transformers_backend import TransformersBackend
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch a model hub
 
 
 @pytest.fixture(scope="session")

@@ -135,3 +135,20 @@ def test_n_examples_and_splits():
         generate_tasks("shop", split="dev")
     with pytest.raises(ValueError, match="known worlds"):
         load_tasks("casino", "test")
+
+
+def test_same_tasks_in_a_fresh_process_with_another_hash_seed():
+    """Nothing may depend on set order or hash randomisation: compare with a subprocess."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    code = ("import hashlib; from envace.envs import generate_tasks; print(hashlib.sha256(''.join("
+            "t.model_dump_json() for w in ('shop', 'calendar', 'bank') for t in "
+            "generate_tasks(w, n=12)).encode()).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.strip()
+    here = hashlib.sha256("".join(t.model_dump_json() for w in ("shop", "calendar", "bank")
+                                  for t in generate_tasks(w, n=12)).encode()).hexdigest()
+    assert out == here

@@ -201,7 +201,7 @@ def _arguments(tool, ids: list[str]) -> st.SearchStrategy:
 
 
 @pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_calls_never_raise(name, data):
     world = make_world(name, data.draw(st.integers(0, 3)))

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from envace.cli import rollout_cmd
+# No model hub is used, ever: without this, peft and transformers try the network on save/load.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-COMMANDS = [rollout_cmd]
+from envace.cli import report_cmd, rollout_cmd, train_cmd
+
+COMMANDS = [rollout_cmd, train_cmd, report_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:

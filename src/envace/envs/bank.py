@@ -241,7 +241,7 @@ class BankWorld(World):
           {"status": enum(["due", "paid"], "Only bills with this status.")})
     def list_bills(self, status: str | None = None) -> dict:
         bills = self.rows("SELECT b.*, p.name FROM bills b JOIN payees p ON p.id = b.payee_id "
-                          "WHERE ?1 IS NULL OR b.status = ?1 ORDER BY due_date", status)
+                          "WHERE ?1 IS NULL OR b.status = ?1 ORDER BY due_date, b.id", status)
         return {"bills": [{"bill_id": b["id"], "payee_id": b["payee_id"], "payee_name": b["name"],
                            "amount": money(b["amount_cents"]), "due_date": b["due_date"],
                            "status": b["status"]} for b in bills]}

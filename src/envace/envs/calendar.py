@@ -151,7 +151,7 @@ class CalendarWorld(World):
     def _my_busy(self, day: str, skip: str | None = None) -> list[tuple[int, int, str]]:
         return [(minutes(r["start_time"]), minutes(r["end_time"]), r["id"]) for r in self.rows(
             "SELECT * FROM events WHERE date = ? AND status = 'confirmed' "
-            "AND my_response != 'declined' AND id IS NOT ? ORDER BY start_time", day, skip)]
+            "AND my_response != 'declined' AND id IS NOT ? ORDER BY start_time, id", day, skip)]
 
     def _check_free(self, day: str, start: int, end: int, skip: str | None = None) -> None:
         for s, e, eid in self._my_busy(day, skip):
@@ -193,7 +193,7 @@ class CalendarWorld(World):
             raise ToolFailure("INVALID_DATE_RANGE", "date_to must be on or after date_from and "
                               f"within {MAX_RANGE_DAYS} days of it")
         rows = self.rows("SELECT * FROM events WHERE status = 'confirmed' AND date BETWEEN ? AND ? "
-                         "ORDER BY date, start_time", str(first), str(last))
+                         "ORDER BY date, start_time, id", str(first), str(last))
         return {"date_from": str(first), "date_to": str(last), "count": len(rows),
                 "events": [{"event_id": r["id"], "title": r["title"], "date": r["date"],
                             "start_time": r["start_time"], "end_time": r["end_time"]}

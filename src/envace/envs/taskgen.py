@@ -76,8 +76,9 @@ class Draft:
         return self.world.rows(sql, *params)
 
     def pick(self, sql: str, *params: Any) -> dict[str, Any]:
-        """A random row of ``sql``, or Skip when there is none."""
-        found = self.rows(sql, *params)
+        """A random row of ``sql``, or Skip when there is none (rows sorted first, so the pick
+        never depends on SQLite's query plan)."""
+        found = sorted(self.rows(sql, *params), key=lambda r: [str(v) for v in r.values()])
         need(found)
         return self.rng.choice(found)
 

@@ -200,7 +200,7 @@ def cover_then_pay(d: Draft) -> None:
 
 
 def pay_all_due(d: Draft) -> None:
-    bills = d.rows("SELECT * FROM bills WHERE status = 'due' ORDER BY due_date")
+    bills = d.rows("SELECT * FROM bills WHERE status = 'due' ORDER BY due_date, id")
     chk = _checking(d)
     need(2 <= len(bills) <= 4 and sum(b["amount_cents"] for b in bills) <= _available(chk))
     d.ask("Pay all of my due bills from my checking account and tell me the total paid.")
@@ -238,7 +238,7 @@ def biggest_charge_dispute(d: Draft) -> None:
 # -- example samplers ---------------------------------------------------------------------
 
 def _any(w: World, rng: random.Random, sql: str) -> Any:
-    rows = w.db.execute(sql).fetchall()
+    rows = sorted(w.db.execute(sql).fetchall())  # sorted: never depend on the query plan
     return rng.choice(rows)[0] if rows else None
 
 

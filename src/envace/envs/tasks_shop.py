@@ -186,7 +186,7 @@ def return_item(d: Draft) -> None:
 
 
 def cheaper_of_two(d: Draft) -> None:
-    a, b = d.rng.sample(d.rows("SELECT * FROM products WHERE stock > 0"), 2)
+    a, b = d.rng.sample(d.rows("SELECT * FROM products WHERE stock > 0 ORDER BY id"), 2)
     need(a["price_cents"] != b["price_cents"])
     cheap = min(a, b, key=lambda p: p["price_cents"])
     d.ask(f"Add whichever is cheaper, the {a['name']} or the {b['name']}, to my cart.")
@@ -204,7 +204,7 @@ def cheaper_of_two(d: Draft) -> None:
 def cheapest_in_category(d: Draft) -> None:
     category = d.rng.choice(list(CATALOGUE))
     stocked = d.rows("SELECT * FROM products WHERE category = ? AND stock > 0 "
-                     "ORDER BY price_cents", category)
+                     "ORDER BY price_cents, id", category)
     need(len(stocked) >= 3 and stocked[0]["price_cents"] < stocked[1]["price_cents"])
     cap = (stocked[-1]["price_cents"] // 1000 + 1) * 10  # a round cap above all of them
     p, speed = stocked[0], "express"
@@ -220,7 +220,7 @@ def cheapest_in_category(d: Draft) -> None:
 def cancel_and_reorder(d: Draft) -> None:
     o = _order_on_unique_date(d, "status = 'placed'")
     lines = d.rows("SELECT i.*, p.name, p.price_cents FROM order_items i JOIN products p "
-                   "ON p.id = i.product_id WHERE order_id = ?", o["id"])
+                   "ON p.id = i.product_id WHERE order_id = ? ORDER BY p.id", o["id"])
     need(len(lines) >= 2)
     keep = d.rng.choice(lines)
     d.ask(f"Cancel my order from {o['placed_on']} and reorder only {_units(keep['quantity'], keep['name'])}"
@@ -262,7 +262,7 @@ def return_two_items(d: Draft) -> None:
 
 
 def better_rated(d: Draft) -> None:
-    a, b = d.rng.sample(d.rows("SELECT * FROM products WHERE stock >= 2"), 2)
+    a, b = d.rng.sample(d.rows("SELECT * FROM products WHERE stock >= 2 ORDER BY id"), 2)
     need(a["rating"] != b["rating"])
     best = max(a, b, key=lambda p: p["rating"])
     d.ask(f"Which is rated higher, the {a['name']} or the {b['name']}? Put 2 of the better-rated "
@@ -282,7 +282,7 @@ def better_rated(d: Draft) -> None:
 # -- example samplers: plausible arguments for each tool, from the world's own data -------
 
 def _any(w: World, rng: random.Random, sql: str) -> Any:
-    rows = w.db.execute(sql).fetchall()
+    rows = sorted(w.db.execute(sql).fetchall())  # sorted: never depend on the query plan
     return rng.choice(rows)[0] if rows else None
 
 

@@ -192,9 +192,10 @@ class World:
 
     def call(self, name: str, arguments: dict) -> dict:
         result = self._dispatch(name, arguments)
-        try:
-            recorded = copy.deepcopy(arguments) if isinstance(arguments, dict) else {}
-        except Exception:  # unpicklable junk from a buggy caller: keep the call, drop the args
+        try:  # a copy, keyed by strings as in JSON, so the record cannot change afterwards
+            recorded = ({str(k): copy.deepcopy(v) for k, v in arguments.items()}
+                        if isinstance(arguments, dict) else {})
+        except Exception:  # uncopyable junk from a buggy caller: keep the call, drop the args
             recorded = {}
         self.calls.append((ToolCall(name=str(name), arguments=recorded), result))
         return result

@@ -1,0 +1,27 @@
+"""``envace report``: markdown summary and PNG plots of one run, or one plot comparing several."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from envace.experiments.rundir import RunDir
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write summary.md and plots of run directories")
+    p.add_argument("runs", nargs="+", help="run directories")
+    p.add_argument("--compare", default=None, metavar="PNG", help="one learning-curve plot over all the runs")
+    p.set_defaults(func=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from envace.experiments.report import plot_learning_curve, write_report
+
+    runs = [RunDir.open(r) for r in args.runs]
+    for run in runs:
+        print(f"wrote {write_report(run)}")
+    if args.compare:
+        labels = {f"{r.config().get('source', '?')} ({r.path.name})": r for r in runs}
+        print(f"wrote {plot_learning_curve(labels, Path(args.compare))}")
+    return 0

@@ -1,0 +1,59 @@
+"""``envace train`` and ``envace sft``: role-wise GRPO (after an SFT warm start), or the warm start alone."""
+
+from __future__ import annotations
+
+import argparse
+
+from envace.experiments.config import load_config, parse_config
+from envace.experiments.rundir import RunDir
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="SFT warm start, then role-wise GRPO; real-world eval every N steps")
+    _common(p)
+    p.add_argument("--source", choices=["rehearsal", "real", "simulator"], default=None,
+                   help="who answers tool calls during training (default: the config's, rehearsal)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.set_defaults(func=_train)
+    s = sub.add_parser("sft", help="only the SFT warm start on scripted-oracle trajectories; saves <run>/sft")
+    _common(s)
+    s.set_defaults(func=_sft)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML config (see configs/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set steps=5 --set grpo.lr=1e-5")
+
+
+def _config(args: argparse.Namespace):
+    overrides = list(args.set)
+    if getattr(args, "source", None):
+        overrides.append(f"source={args.source}")
+    if getattr(args, "resume", None):
+        # The run's own resolved config is what continues; only explicit overrides apply on top.
+        base = RunDir.open(args.resume).config()
+        from envace.experiments.config import apply_overrides
+
+        return parse_config(apply_overrides(base, overrides), f"{args.resume}/config.yaml")
+    return load_config(args.config, overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from envace.experiments.train_job import train
+
+    run = train(_config(args), resume=args.resume)
+    print(f"done: {run.path} (summary.md, learning_curve.png, metrics.jsonl)")
+    return 0
+
+
+def _sft(args: argparse.Namespace) -> int:
+    from envace.experiments.train_job import SFT_DIR, warm_start
+    from envace.experiments.models import load_policy
+
+    cfg = _config(args)
+    run = RunDir.create(cfg.out, "sft", cfg.model_dump(mode="json"), seed=cfg.seed)
+    policy, tok = load_policy(cfg.model, cfg.lora)
+    warm_start(policy, tok, cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"enabled": True})}), run, print)
+    print(f"done: {run.path / SFT_DIR}")
+    return 0

@@ -1,0 +1,67 @@
+"""The models a training run holds: the policy (with LoRA), per-mode copies, a frozen start copy."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from envace.experiments.config import LoraConfig
+from envace.policy.loading import load_model
+from envace.train.modes import ModeSpec
+
+
+def with_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+    if not cfg.enabled:
+        return model
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = [t for t in cfg.target_modules if t in present]
+    if not targets:
+        raise ValueError(f"lora.target_modules {cfg.target_modules} match no module of the model")
+    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+                              task_type="CAUSAL_LM")
+    return get_peft_model(model, peft_cfg)
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    twin = copy.deepcopy(model)
+    twin.requires_grad_(False)
+    twin.eval()
+    return twin
+
+
+@dataclass
+class RunModels:
+    tokenizer: object
+    trained: dict[str, nn.Module]  # mode model key -> module (what gets optimisers and checkpoints)
+    spec: ModeSpec
+    extra: dict[str, nn.Module] = field(default_factory=dict)  # frozen models keyed by mode key
+
+    def for_role(self, role: str) -> nn.Module:
+        key = self.spec.role_models[role]
+        return self.trained.get(key) or self.extra[key]
+
+    @property
+    def all(self) -> dict[str, nn.Module]:
+        return {**self.extra, **self.trained}
+
+
+def load_policy(spec: str, lora: LoraConfig) -> tuple[nn.Module, object]:
+    model, tok = load_model(spec)
+    return with_lora(model, lora), tok
+
+
+def split_for_mode(policy: nn.Module, tokenizer: object, mode: str) -> RunModels:
+    """``share``/``frozen_caller`` use the policy for both roles; the two-model modes start both
+    models from the same (warm-started) policy, and ``caller_only`` freezes the simulator."""
+    spec = ModeSpec.for_mode(mode)
+    if spec.shared_parameters:
+        return RunModels(tokenizer=tokenizer, trained={"policy": policy}, spec=spec)
+    sim = copy.deepcopy(policy)
+    if "simulator" in spec.trained_models:
+        return RunModels(tokenizer=tokenizer, trained={"caller": policy, "simulator": sim}, spec=spec)
+    sim.requires_grad_(False)
+    return RunModels(tokenizer=tokenizer, trained={"caller": policy}, spec=spec, extra={"simulator": sim})

@@ -1,0 +1,87 @@
+"""Reports of a run directory: a PNG learning curve and a markdown summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from envace.experiments.rundir import RunDir
+
+
+def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-world success") -> Path:
+    """Eval success vs step for one or more runs (one line each), train reward dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no screen on these machines
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, run in runs.items():
+        rows = run.metrics()
+        ev = [r for r in rows if r.get("phase") == "eval"]
+        tr = [r for r in rows if r.get("phase") == "train"]
+        if ev:
+            ax1.plot([r["step"] for r in ev], [r["eval/success"] for r in ev], marker="o", label=label)
+        if tr:
+            for role, style in (("caller", "-"), ("simulator", "--")):
+                pts = [(r["step"], r[f"reward/{role}"]) for r in tr if f"reward/{role}" in r]
+                if pts:
+                    ax2.plot(*zip(*pts), style, label=f"{label} {role}")
+    ax1.set_xlabel("step"), ax1.set_ylabel("success (test split, real world)"), ax1.set_title(title)
+    ax2.set_xlabel("step"), ax2.set_ylabel("mean training reward"), ax2.set_title("training reward per role")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def write_train_report(run: RunDir) -> Path:
+    rows = run.metrics()
+    cfg = run.config()
+    ev = [r for r in rows if r.get("phase") == "eval"]
+    tr = [r for r in rows if r.get("phase") == "train"]
+    sft = [r for r in rows if r.get("phase") == "sft"]
+    plot_learning_curve({cfg.get("source", "run"): run}, run.path / "learning_curve.png")
+    lines = [f"# Training run `{run.path.name}`", "",
+             f"model `{cfg.get('model')}`, source `{cfg.get('source')}`, mode `{cfg.get('mode')}`, "
+             f"{cfg.get('steps')} steps x {cfg.get('tasks_per_step')} tasks x G={cfg.get('group_size')}, "
+             f"worlds {cfg.get('worlds')}, seed {cfg.get('seed')}", ""]
+    if sft:
+        s = sft[-1]
+        lines.append(f"SFT warm start: {s['sft/samples']} samples, loss {s['sft/first_loss']:.3f} -> "
+                     f"{s['sft/last_loss']:.3f} in {s['sft/seconds']:.0f} s")
+        lines.append("")
+    if ev:
+        lines += ["## Real-world evaluation (held-out tasks)", "", "| step | success | mean reward | tool calls | parse failures |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['step']} | {r['eval/success']:.3f} | {r['eval/reward']:.3f} | {r['eval/tool_calls']:.2f} | "
+                  f"{r['eval/parse_failures']:.2f} |" for r in ev]
+        lines.append("")
+    if tr:
+        secs = sum(r["step_s"] for r in tr)
+        lines += ["## Training", "", f"{len(tr)} steps in {secs:.0f} s "
+                  f"({secs / len(tr):.1f} s/step; rollout {sum(r['rollout_s'] for r in tr) / len(tr):.1f} s, "
+                  f"update {sum(r['update_s'] for r in tr) / len(tr):.1f} s)", "",
+                  "| step | reward | success | caller R | simulator R | tool calls | sim format failures |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['step']} | {r['reward']:.3f} | {r['success']:.3f} | {r.get('reward/caller', float('nan')):.3f} | "
+                  f"{r.get('reward/simulator', float('nan')):.3f} | {r['tool_calls']:.2f} | {r['sim_format_failures']:.2f} |"
+                  for r in tr]
+    lines += ["", "![learning curve](learning_curve.png)", ""]
+    return run.write_text("summary.md", "\n".join(lines))
+
+
+def write_report(run: RunDir) -> Path:
+    """The report a run's kind calls for."""
+    kind = run.meta().get("kind")
+    if kind == "train":
+        return write_train_report(run)
+    from envace.experiments.summary import summarize, summary_markdown
+
+    return run.write_text("summary.md", summary_markdown(summarize(run.trajectories()), f"{kind} run {run.path.name}"))

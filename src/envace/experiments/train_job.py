@@ -1,0 +1,227 @@
+"""The training job: SFT warm start, then role-wise GRPO with one response source, evaluated in
+the real world every N steps, checkpointed every step, resumable."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envace.core.prompts import PromptStyle
+from envace.core.types import Task, Trajectory
+from envace.experiments.config import TrainConfig
+from envace.experiments.factory import GenerationSettings, make_actor, make_source
+from envace.experiments.models import RunModels, frozen_copy, load_policy, split_for_mode
+from envace.experiments.progress import StepProgress
+from envace.experiments.rundir import RunDir
+from envace.experiments.tasks import select_tasks
+from envace.policy.transformers_backend import TransformersBackend
+from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.sources import RealSource
+from envace.train.advantages import advantage_stats, compute_advantages
+from envace.train.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from envace.train.sft import oracle_sft_samples, run_sft
+from envace.train.step import UpdaterConfig, update_for_mode, updaters_for_mode
+
+SFT_DIR = "sft"
+CKPT_DIR = "checkpoints"
+
+
+def prompt_style(cfg: TrainConfig) -> PromptStyle:
+    return PromptStyle(**cfg.prompt.model_dump())
+
+
+def generation_settings(cfg: TrainConfig, temperature: float | None = None) -> GenerationSettings:
+    r = cfg.rollout
+    return GenerationSettings(caller_max_new_tokens=r.caller_max_new_tokens,
+                              simulator_max_new_tokens=r.simulator_max_new_tokens,
+                              max_prompt_tokens=r.max_prompt_tokens,
+                              temperature=r.temperature if temperature is None else temperature,
+                              top_p=r.top_p, max_batch=r.max_batch, style=prompt_style(cfg))
+
+
+def train_tasks(cfg: TrainConfig) -> list[Task]:
+    return select_tasks(",".join(cfg.worlds), "train", None, cfg.task_file)
+
+
+def eval_tasks(cfg: TrainConfig) -> list[Task]:
+    tasks = select_tasks(",".join(cfg.worlds), cfg.eval.split, cfg.eval.tasks, cfg.task_file)
+    missing = [t.id for t in tasks if t.env is None]
+    if missing:
+        raise ValueError(f"evaluation needs tasks with a real world ('env'); {len(missing)} have none, e.g. {missing[0]}")
+    return tasks
+
+
+def step_tasks(pool: list[Task], cfg: TrainConfig, step: int) -> list[Task]:
+    """The tasks of one step: a function of (seed, step) only, so a resumed run draws the same."""
+    return random.Random(cfg.seed * 1_000_003 + step).sample(pool, min(cfg.tasks_per_step, len(pool)))
+
+
+def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list[Task], cfg: TrainConfig
+                  ) -> tuple[dict[str, float], list[Trajectory]]:
+    """Success on held-out tasks with the real world answering, whatever the training source."""
+    gen = generation_settings(cfg, temperature=cfg.eval.temperature)
+    backend = TransformersBackend(model, tokenizer, max_batch=gen.max_batch)
+    trajs, stats = run_episodes(tasks, make_actor(backend, gen, cfg.seed), RealSource(),
+                                RolloutConfig(group_size=1, max_turns=cfg.rollout.max_turns))
+    n = len(trajs)
+    return {"eval/success": sum(t.reward >= 1.0 for t in trajs) / n,
+            "eval/reward": sum(t.reward for t in trajs) / n,
+            "eval/tool_calls": sum(t.tool_calls for t in trajs) / n,
+            "eval/parse_failures": sum(t.parse_failures for t in trajs) / n}, trajs
+
+
+def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: RunDir, log) -> None:
+    if not cfg.sft.enabled:
+        return
+    pool = train_tasks(cfg)
+    tasks = random.Random(cfg.seed).sample(pool, min(cfg.sft.trajectories, len(pool)))
+    samples = oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles)
+    log(f"SFT warm start: {len(tasks)} oracle trajectories, {len(samples)} samples, {cfg.sft.epochs} epochs")
+    t0 = time.perf_counter()
+    bar = StepProgress("sft", total=None)
+    stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
+                    seed=cfg.seed, pad_id=tokenizer.pad_token_id or 0,
+                    on_step=lambda s, n, loss: bar.update(s, n, {"loss": loss}))
+    bar.close()
+    run.log_metrics({"phase": "sft", "step": 0, "sft/first_loss": stats.first_loss, "sft/last_loss": stats.last_loss,
+                     "sft/samples": stats.samples, "sft/tokens": stats.tokens, "sft/seconds": time.perf_counter() - t0})
+    save_checkpoint(run.path / SFT_DIR, policy, step=0, keep_last=1)
+
+
+@dataclass
+class TrainState:
+    run: RunDir
+    models: RunModels
+    updaters: dict
+    start_step: int
+    start_model: torch.nn.Module  # the warm-started policy, frozen: the simulator baseline
+
+
+def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
+    g = cfg.grpo
+    return UpdaterConfig(lr=g.lr, clip=g.clip, agg=g.agg, kl_coef=g.kl_coef, caller_weight=g.caller_weight,
+                         simulator_weight=g.simulator_weight, micro_batch_tokens=g.micro_batch_tokens,
+                         ppo_epochs=g.ppo_epochs, max_grad_norm=g.max_grad_norm,
+                         temperature=cfg.rollout.temperature or 1.0, pad_id=tokenizer.pad_token_id or 0)
+
+
+def prepare(cfg: TrainConfig, resume: str | Path | None, log) -> TrainState:
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    policy, tok = load_policy(cfg.model, cfg.lora)
+    if resume is None:
+        run = RunDir.create(cfg.out, "train", cfg.model_dump(mode="json"), seed=cfg.seed)
+        log(f"run directory: {run.path}")
+        warm_start(policy, tok, cfg, run, log)
+    else:
+        run = RunDir.open(resume)
+        if (run.path / SFT_DIR).exists():
+            load_checkpoint(run.path / SFT_DIR, policy, restore_rng=False)
+    start_model = frozen_copy(policy)
+    models = split_for_mode(policy, tok, cfg.mode)
+    ref = {k: start_model for k in models.trained} if cfg.grpo.kl_coef > 0 else None
+    updaters = updaters_for_mode(models.spec, models.trained, _updater_config(cfg, tok), ref_models=ref)
+    start_step = 0
+    if resume is not None:
+        latest = find_latest(run.path / CKPT_DIR)
+        if latest is not None:
+            loaded = load_checkpoint(latest, models.trained, {k: u.optimizer for k, u in updaters.items()})
+            start_step = loaded.step
+            _truncate_logs(run, start_step)
+        log(f"resuming {run.path} after step {start_step}")
+    return TrainState(run=run, models=models, updaters=updaters, start_step=start_step, start_model=start_model)
+
+
+def _truncate_logs(run: RunDir, step: int) -> None:
+    """Drop log rows of steps after the checkpoint: they are redone, and must not count twice."""
+    from envace.core.jsonl import read_jsonl_dicts, save_jsonl
+
+    for name in ("metrics.jsonl", "trajectories.jsonl", "evals.jsonl"):
+        path = run.path / name
+        if path.exists():
+            rows = read_jsonl_dicts(path)
+            save_jsonl(path, [r for r in rows if r.get("step", 0) <= step])
+
+
+def _tag(trajs: list[Trajectory], step: int, kind: str) -> list[dict]:
+    return [{"step": step, "kind": kind, **t.model_dump(mode="json", exclude_none=True)} for t in trajs]
+
+
+def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunDir:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    st = prepare(cfg, resume, log)
+    run, models = st.run, st.models
+    tok = models.tokenizer
+    pool, held_out = train_tasks(cfg), eval_tasks(cfg)
+    gen = generation_settings(cfg)
+    caller_backend = TransformersBackend(models.for_role("caller"), tok, max_batch=gen.max_batch)
+    sim_model = models.for_role("simulator")
+    if cfg.source == "simulator":
+        sim_model = st.start_model if cfg.sim_model is None else load_policy(cfg.sim_model, cfg.lora.model_copy(update={"enabled": False}))[0]
+    sim_backend = TransformersBackend(sim_model, tok, max_batch=gen.max_batch)
+    # Rehearsal uses the simulator-role model (the policy itself in share mode).
+    source = make_source(cfg.source, sim_backend, gen, cfg.seed, simulator=sim_backend)
+
+    def do_eval(step: int) -> dict[str, float]:
+        metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg)
+        run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
+        run.log_metrics({"phase": "eval", "step": step, **metrics})
+        return metrics
+
+    if st.start_step == 0 and not any(m.get("phase") == "eval" for m in run.metrics()):
+        log(f"step 0 real-world eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
+    bar = StepProgress("train", total=cfg.steps, start=st.start_step)
+    last_eval = st.start_step
+    for step in range(st.start_step + 1, cfg.steps + 1):
+        t0 = time.perf_counter()
+        tasks = step_tasks(pool, cfg, step)
+        actor = make_actor(caller_backend, gen, cfg.seed * 10_007 + step)
+        trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
+                                                                         max_turns=cfg.rollout.max_turns))
+        t_roll = time.perf_counter() - t0
+        scored = compute_advantages(trajs, norm_by_std=cfg.grpo.norm_by_std, empty_penalty=cfg.grpo.empty_penalty)
+        ustats = update_for_mode(models.spec, st.updaters, scored)
+        t_total = time.perf_counter() - t0
+        row: dict[str, Any] = {"phase": "train", "step": step, "reward": sum(t.reward for t in trajs) / len(trajs),
+                               "success": sum(t.reward >= 1.0 for t in trajs) / len(trajs),
+                               "tool_calls": sum(t.tool_calls for t in trajs) / len(trajs),
+                               "parse_failures": sum(t.parse_failures for t in trajs) / len(trajs),
+                               "sim_format_failures": sum(t.sim_format_failures for t in trajs) / len(trajs),
+                               "gen_tokens_per_s": rstats.tokens_per_second, "rollout_s": t_roll,
+                               "update_s": t_total - t_roll, "step_s": t_total}
+        row.update(advantage_stats(scored))
+        row.update(ustats)
+        run.add_trajectories(_tag(trajs, step, "train"))
+        run.log_metrics(row)
+        if step % cfg.checkpoint.every == 0 or step == cfg.steps:
+            save_checkpoint(run.path / CKPT_DIR, models.trained,
+                            {k: u.optimizer for k, u in st.updaters.items()}, step=step,
+                            keep_last=cfg.checkpoint.keep_last)
+        shown = {"R_caller": row.get("reward/caller"), "R_sim": row.get("reward/simulator"),
+                 "kl": _first(ustats, "kl"),
+                 "tok/s": rstats.tokens_per_second}
+        if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.steps:
+            shown.update({"eval": do_eval(step)["eval/success"]})
+            last_eval = step
+        bar.update(step, cfg.steps, shown)
+    bar.close()
+    if last_eval != cfg.steps and cfg.steps > st.start_step:
+        final = do_eval(cfg.steps)
+        log(f"final real-world eval (step {cfg.steps}): {final}")
+    from envace.experiments.report import write_train_report
+
+    write_train_report(run)
+    return run
+
+
+def _first(stats: dict[str, float], suffix: str) -> float | None:
+    for k, v in stats.items():
+        if k.endswith("/" + suffix):
+            return v
+    return None

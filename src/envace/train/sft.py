@@ -1,0 +1,124 @@
+"""SFT warm start: teach a small model both formats from the scripted oracle's real trajectories.
+
+Caller samples: the caller prompt before each oracle turn -> that turn's text (a final answer
+ends with EOS so the model learns to stop). Simulator samples: the simulator prompt for each real
+call -> the real result JSON and the closing tag, so the model starts out as a world model that
+has seen real responses.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from envace.core.prompts import PromptStyle, render_caller_prompt, render_simulator_prompt
+from envace.core.toolcall import RESULT_CLOSE, RESULT_OPEN
+from envace.core.types import Role, Task, ToolCall, Trajectory, TurnSample, trajectory_calls
+from envace.rollout.actors import OracleActor
+from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.sources import RealSource
+from envace.train.advantages import ScoredSample
+from envace.train.batching import pack_samples, split_micro_batches
+from envace.train.grpo_loss import token_logprobs
+from envace.train.step import trainable_parameters
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,
+                roles: Sequence[Role] = ("caller", "simulator")) -> list[TurnSample]:
+    """Supervised (prompt, target) pairs of one oracle trajectory, as TurnSamples."""
+    out: list[TurnSample] = []
+    history = traj.messages[1:]  # the first message is the user instruction, rendered by the prompt
+    eos = tokenizer.eos_token_id
+    if "caller" in roles:
+        for i, m in enumerate(history):
+            if m.role != "assistant":
+                continue
+            target = _ids(tokenizer, m.content) + ([eos] if not m.tool_calls and eos is not None else [])
+            out.append(TurnSample(role="caller", group_id=task.id, trajectory_index=0, turn=i,
+                                  prompt_ids=render_caller_prompt(tokenizer, task, history[:i], style),
+                                  gen_ids=target, logprobs=[0.0] * len(target)))
+    if "simulator" in roles:
+        earlier: list[tuple[ToolCall, str]] = []
+        for turn, (call, answer) in enumerate(trajectory_calls(traj)):
+            prompt = render_simulator_prompt(tokenizer, task, call, earlier, style)
+            body = answer.content + RESULT_CLOSE
+            if not style.prefill_result_tag:
+                body = RESULT_OPEN + body
+            target = _ids(tokenizer, body)
+            out.append(TurnSample(role="simulator", group_id=task.id, trajectory_index=0, turn=turn,
+                                  prompt_ids=prompt, gen_ids=target, logprobs=[0.0] * len(target)))
+            earlier.append((call, answer.content))
+    return out
+
+
+def oracle_sft_samples(tasks: Sequence[Task], tokenizer, style: PromptStyle,
+                       roles: Sequence[Role] = ("caller", "simulator")) -> list[TurnSample]:
+    trajs, _ = run_episodes(list(tasks), OracleActor(), RealSource(), RolloutConfig(max_turns=12))
+    bad = [t.task_id for t in trajs if t.reward < 1.0]
+    if bad:
+        raise ValueError(f"oracle failed on tasks {bad[:5]}: their references are inconsistent")
+    return [s for task, t in zip(tasks, trajs) for s in sft_samples(task, t, tokenizer, style, roles)]
+
+
+@dataclass
+class SFTStats:
+    steps: int
+    samples: int
+    tokens: int
+    first_loss: float
+    last_loss: float
+
+
+def sft_loss(model: nn.Module, batch: Sequence[TurnSample], total_tokens: int, pad_id: int = 0) -> torch.Tensor:
+    """Summed target-token NLL of ``batch`` divided by ``total_tokens`` (of the whole update)."""
+    packed = pack_samples([ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in batch], pad_id=pad_id)
+    logp, _ = token_logprobs(model, packed)
+    mask = packed.token_mask.to(logp.device)
+    return -(logp * mask).sum() / total_tokens
+
+
+def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr: float = 2e-4,
+            batch_samples: int = 16, micro_batch_tokens: int = 4096, seed: int = 0, pad_id: int = 0,
+            on_step: Callable[[int, int, float], None] | None = None) -> SFTStats:
+    """Plain AdamW fine-tuning over shuffled batches of ``batch_samples``, accumulated over
+    micro-batches that fit ``micro_batch_tokens``."""
+    if not samples:
+        raise ValueError("run_sft: no samples")
+    params = trainable_parameters(model)
+    opt = torch.optim.AdamW(params, lr=lr)
+    rng = random.Random(seed)
+    order = list(samples)
+    n_batches = -(-len(order) // batch_samples)
+    total_steps = epochs * n_batches
+    first = last = float("nan")
+    step = 0
+    model.train()
+    for _ in range(epochs):
+        rng.shuffle(order)
+        for b in range(n_batches):
+            batch = order[b * batch_samples:(b + 1) * batch_samples]
+            tokens = sum(len(s.gen_ids) for s in batch)
+            opt.zero_grad(set_to_none=True)
+            total = 0.0
+            scored = [ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in batch]
+            for mb in split_micro_batches(scored, micro_batch_tokens):
+                loss = sft_loss(model, [m.sample for m in mb], tokens, pad_id)
+                loss.backward()
+                total += float(loss.detach())
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            first = total if step == 1 else first
+            last = total
+            if on_step is not None:
+                on_step(step, total_steps, total)
+    return SFTStats(steps=step, samples=len(samples), tokens=sum(len(s.gen_ids) for s in samples),
+                    first_loss=first, last_loss=last)
