@@ -17,3 +17,16 @@ def test_defaults_and_logprob_temperature() -> None:
 def test_invalid_params_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_the_interface_modules_do_not_import_torch() -> None:
+    # rollout/reward import SamplingParams at module level; that must stay cheap.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, envace.policy, envace.policy.sampling, envace.policy.backend;"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

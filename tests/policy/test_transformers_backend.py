@@ -174,3 +174,16 @@ def test_generation_leaves_train_mode_and_rejects_empty_prompts(
     with pytest.raises(ValueError, match="empty"):
         tiny.generate([chat_prompts[0], []], GREEDY)
     assert tiny.generate([], GREEDY) == []
+
+
+def test_generates_with_a_peft_model(chat_prompts: list[list[int]]) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = load_model("tiny:4")
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    backend = TransformersBackend(peft_model, tok)
+    prompts = chat_prompts[:2]
+    for prompt, gen in zip(prompts, backend.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0))):
+        torch.testing.assert_close(
+            torch.tensor(gen.logprobs), recomputed_logprobs(backend, prompt, gen, 1.0), atol=1e-4, rtol=0
+        )

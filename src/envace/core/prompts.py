@@ -32,6 +32,14 @@ SIMULATOR_SYSTEM = (
 )
 
 
+# Test-time private rehearsal: what the agent learned in its imagined attempts, shown to the
+# caller of the committed real run. Marked as imagined so the caller still checks real results.
+MEMORY_HEADER = (
+    "Notes from your private rehearsal of this task (imagined tool results, not real ones; "
+    "use them to avoid mistakes, but trust the real results):"
+)
+
+
 def _type_of(prop: dict[str, Any]) -> str:
     if "enum" in prop:
         return "|".join(json.dumps(v) for v in prop["enum"])
@@ -80,20 +88,26 @@ def _encode(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | 
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def caller_chat(task: Task, history: list[Message], style: PromptStyle, native_tools: bool) -> list[dict]:
+def caller_chat(task: Task, history: list[Message], style: PromptStyle, native_tools: bool,
+                memory: str = "") -> list[dict]:
+    """The caller's chat; a non-empty ``memory`` (rehearsal notes) ends the system message."""
     system = CALLER_SYSTEM.format(domain=task.domain or "customer")
     if not native_tools:
         system += "\nTools:\n" + tools_text(task.tools, style.tool_format)
+    if memory.strip():
+        system += "\n" + MEMORY_HEADER + "\n" + memory.strip()
     chat = [{"role": "system", "content": system}, {"role": "user", "content": task.instruction}]
     for m in history:
         chat.append({"role": m.role, "content": m.content})
     return chat
 
 
-def render_caller_prompt(tokenizer: Any, task: Task, history: list[Message], style: PromptStyle) -> list[int]:
-    """Token ids of the caller's next-turn prompt. ``history`` holds assistant and tool messages."""
+def render_caller_prompt(tokenizer: Any, task: Task, history: list[Message], style: PromptStyle,
+                         memory: str = "") -> list[int]:
+    """Token ids of the caller's next-turn prompt. ``history`` holds assistant and tool messages;
+    ``memory`` is the test-time rehearsal memory (empty: the plain prompt)."""
     native = style.tool_format == "native" and template_supports_tools(tokenizer)
-    chat = caller_chat(task, history, style, native)
+    chat = caller_chat(task, history, style, native, memory)
     return _encode(tokenizer, chat, [t.model_dump(mode="json") for t in task.tools] if native else None)
 
 
@@ -131,6 +145,6 @@ def render_simulator_prompt(
 
 
 __all__ = [
-    "PromptStyle", "render_caller_prompt", "render_simulator_prompt", "compact_signature",
+    "PromptStyle", "render_caller_prompt", "MEMORY_HEADER", "render_simulator_prompt", "compact_signature",
     "caller_chat", "simulator_chat", "template_supports_tools"
 ]

@@ -53,7 +53,7 @@ def _email(name: str) -> str:
     return name.lower().replace(" ", ".") + "@" + DOMAIN
 
 
-def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
@@ -109,7 +109,7 @@ class CalendarWorld(World):
                 break
             dur = rng.choice(DURATIONS)
             start = rng.randrange(DAY_START, DAY_END - dur + 1, 30)
-            if not any(_overlaps((start, start + dur), t) for t in taken):
+            if not any(overlaps((start, start + dur), t) for t in taken):
                 taken.append((start, start + dur))
         return sorted(taken)
 
@@ -155,7 +155,7 @@ class CalendarWorld(World):
 
     def _check_free(self, day: str, start: int, end: int, skip: str | None = None) -> None:
         for s, e, eid in self._my_busy(day, skip):
-            if _overlaps((start, end), (s, e)):
+            if overlaps((start, end), (s, e)):
                 raise ToolFailure("SLOT_TAKEN", f"{hhmm(start)}-{hhmm(end)} on {day} overlaps "
                                   f"event {eid} ({hhmm(s)}-{hhmm(e)})", conflicting_event_id=eid)
 
@@ -221,7 +221,7 @@ class CalendarWorld(World):
         slots = []
         while start + duration_minutes <= hi:
             span = (start, start + duration_minutes)
-            if not any(_overlaps(span, (s, e)) for s, e, _ in busy):
+            if not any(overlaps(span, (s, e)) for s, e, _ in busy):
                 slots.append({"start": hhmm(span[0]), "end": hhmm(span[1])})
             start += 30
         return {"date": day, "duration_minutes": duration_minutes, "slots": slots}

@@ -21,7 +21,7 @@ from envace.core.types import ChecklistItem, EnvRef, Example, Reference, Task, T
 from envace.envs.registry import world_class
 from envace.envs.world import World
 
-TEST_FRACTION_PER_5 = 1  # 1 seed in 5 goes to the test split
+TEST_ONE_IN = 5  # one seed in five goes to the test split
 
 
 class Skip(Exception):
@@ -99,7 +99,7 @@ class TaskSet:
 def split_of(seed: int) -> str:
     """About 20% of seeds are test; a hash, so the split never depends on how many tasks exist."""
     digest = int(hashlib.sha256(f"split:{seed}".encode()).hexdigest(), 16)
-    return "test" if digest % 5 < TEST_FRACTION_PER_5 else "train"
+    return "test" if digest % TEST_ONE_IN == 0 else "train"
 
 
 def build_task(taskset: TaskSet, index: int, n_examples: int) -> Task:

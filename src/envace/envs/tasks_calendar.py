@@ -6,14 +6,15 @@ import random
 from datetime import timedelta
 from typing import Any
 
-from envace.envs.calendar import RESPONSES, TITLES, TEAMS, CalendarWorld, _overlaps, hhmm, minutes
+from envace.envs.calendar import RESPONSES, TITLES, TEAMS, CalendarWorld, overlaps, hhmm, minutes
 from envace.envs.taskgen import Draft, TaskSet, need
 from envace.envs.world import World
 
 TODAY = CalendarWorld.today
 NEW_TITLES = ["Coffee chat", "Project kickoff", "Demo prep", "Contract review", "Brainstorm",
               "Interview debrief", "Launch checklist", "Pairing session"]
-WORKDAYS = [str(TODAY + timedelta(days=k)) for k in range(1, 12) if (TODAY + timedelta(days=k)).weekday() < 5]
+# the days tasks plan on: the next two working weeks
+WORKDAYS = [str(d) for d in (TODAY + timedelta(days=k) for k in range(1, 12)) if d.weekday() < 5]
 
 
 def _event(d: Draft, mine: bool | None = True) -> dict[str, Any]:
@@ -26,9 +27,10 @@ def _event(d: Draft, mine: bool | None = True) -> dict[str, Any]:
 
 def _expect_booked(d: Draft, day: str, start: str) -> None:
     """State check of a created event by what it is, not by the id the world happened to give."""
-    d.expect_state("SELECT title, end_time, (SELECT group_concat(email) FROM attendees a WHERE "
-                   "a.event_id = e.id) FROM events e WHERE status = 'confirmed' AND organizer = "
-                   f"(SELECT email FROM me) AND date = '{day}' AND start_time = '{start}'")
+    d.expect_state("SELECT title, end_time, (SELECT group_concat(email) FROM (SELECT email FROM "
+                   "attendees a WHERE a.event_id = e.id ORDER BY email)) FROM events e WHERE "
+                   "status = 'confirmed' AND organizer = (SELECT email FROM me) AND "
+                   f"date = '{day}' AND start_time = '{start}'")
 
 
 def _length(e: dict[str, Any]) -> int:
@@ -165,7 +167,7 @@ def mutual_slot(d: Draft) -> None:
         c, day = _contact(d), d.rng.choice(WORKDAYS)
         busy = d.world.check_availability(c["email"], day)["busy"]
         mine = d.world.find_free_slots(day, length)["slots"]
-        both = [s for s in mine if not any(_overlaps((minutes(s["start"]), minutes(s["end"])),
+        both = [s for s in mine if not any(overlaps((minutes(s["start"]), minutes(s["end"])),
                                                      (minutes(b["start"]), minutes(b["end"])))
                                            for b in busy)]
         if both and both[0] != mine[0]:

@@ -12,6 +12,7 @@ import math
 import random
 import sqlite3
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import date
@@ -116,9 +117,10 @@ def _bad_value(value: Any) -> str | None:
 
 
 _BASE_SCHEMA = "CREATE TABLE sequences(name TEXT PRIMARY KEY, next INT);\n"
-_TEMPLATE_CACHE_SIZE = 16
-_TEMPLATES: OrderedDict[tuple[type, int], sqlite3.Connection] = OrderedDict()
-_TEMPLATE_LOCK = threading.Lock()
+_CAN_SERIALIZE = hasattr(sqlite3.Connection, "serialize")
+_IMAGE_CACHE_SIZE = 2048  # ~4 KB each compressed: a few MB for every seed of all suites
+_IMAGES: OrderedDict[tuple[type, int], bytes] = OrderedDict()
+_IMAGE_LOCK = threading.Lock()
 
 
 class World:
@@ -130,7 +132,6 @@ class World:
     _specs: ClassVar[dict[str, ToolSpec]] = {}
     _validators: ClassVar[dict[str, Draft202012Validator]] = {}
     writing_tools: ClassVar[frozenset[str]] = frozenset()
-    _empty_db: ClassVar[sqlite3.Connection]  # per subclass: the schema, no rows
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -150,34 +151,39 @@ class World:
         self.seed = seed
         self.calls: list[tuple[ToolCall, dict]] = []
         self.db = sqlite3.connect(":memory:")
-        with _TEMPLATE_LOCK:
-            self._template(seed).backup(self.db)
+        image = self._image(seed)
+        if image is None:  # an SQLite without serialize(): populate every time
+            self.db.executescript(_BASE_SCHEMA + self.schema)
+            with self.db:
+                self.populate(random.Random(f"{self.name}:{seed}"))
+        else:
+            self.db.deserialize(zlib.decompress(image))
 
     @classmethod
-    def _template(cls, seed: int) -> sqlite3.Connection:
-        """The populated DB of ``seed``, built once: copying it is ~40x faster than populating,
-        and task generation builds the same seed's world several times in a row."""
+    def _image(cls, seed: int) -> bytes | None:
+        """The populated DB of ``seed``, built once and kept compressed (a few KB): loading it
+        is ~20x faster than populating, and generation, replay and evaluation all build the
+        same seeds' worlds again and again."""
+        if not _CAN_SERIALIZE:
+            return None
         key = (cls, seed)
-        if key in _TEMPLATES:
-            _TEMPLATES.move_to_end(key)
-            return _TEMPLATES[key]
-        db = sqlite3.connect(":memory:", check_same_thread=False)
-        cls._empty().backup(db)  # the tables, without re-parsing the schema every time
+        with _IMAGE_LOCK:
+            if key in _IMAGES:
+                _IMAGES.move_to_end(key)
+                return _IMAGES[key]
+        db = sqlite3.connect(":memory:")
+        db.executescript(_BASE_SCHEMA + cls.schema)
         builder = cls.__new__(cls)
         builder.db = db
         with db:
             builder.populate(random.Random(f"{cls.name}:{seed}"))
-        _TEMPLATES[key] = db
-        if len(_TEMPLATES) > _TEMPLATE_CACHE_SIZE:
-            _TEMPLATES.popitem(last=False)[1].close()
-        return db
-
-    @classmethod
-    def _empty(cls) -> sqlite3.Connection:
-        if "_empty_db" not in cls.__dict__:
-            cls._empty_db = sqlite3.connect(":memory:", check_same_thread=False)
-            cls._empty_db.executescript(_BASE_SCHEMA + cls.schema)
-        return cls._empty_db
+        image = zlib.compress(db.serialize(), 1)
+        db.close()
+        with _IMAGE_LOCK:
+            _IMAGES[key] = image
+            if len(_IMAGES) > _IMAGE_CACHE_SIZE:
+                _IMAGES.popitem(last=False)
+        return image
 
     def populate(self, rng: random.Random) -> None:
         """Fill the tables; all randomness must come from ``rng`` and all state must live in

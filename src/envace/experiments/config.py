@@ -84,6 +84,8 @@ class TrainConfig(_Section):
     seed: int = 0
     worlds: list[str] = Field(default_factory=lambda: ["shop", "calendar", "bank"])
     task_file: str | None = None
+    difficulties: list[int] | None = Field(None, description="task difficulty levels to use (default: all)")
+    tool_distractors: int | None = Field(None, ge=0, description="show only needed tools + N others (default: all tools)")
     source: Literal["rehearsal", "real", "simulator"] = "rehearsal"
     mode: Literal["share", "noshare", "caller_only", "frozen_caller"] = "share"
     steps: int = Field(20, ge=0)

@@ -82,6 +82,10 @@ def write_report(run: RunDir) -> Path:
     kind = run.meta().get("kind")
     if kind == "train":
         return write_train_report(run)
+    if kind == "eval":
+        from envace.experiments.eval_report import write_eval_report
+
+        return write_eval_report(run)
     from envace.experiments.summary import summarize, summary_markdown
 
     return run.write_text("summary.md", summary_markdown(summarize(run.trajectories()), f"{kind} run {run.path.name}"))

@@ -1,7 +1,9 @@
-"""Where a run's tasks come from: an embedded world's generator or a user's JSONL file."""
+"""Where a run's tasks come from: an embedded world's generator or a user's JSONL file, and the
+task-level settings a config may apply (which difficulties, which tools each prompt shows)."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from envace.core.jsonl import load_jsonl
@@ -10,8 +12,30 @@ from envace.envs.registry import world_names
 from envace.envs.tasks import load_tasks
 
 
+def needed_tools(task: Task) -> list[str]:
+    names = [c.name for c in task.reference.calls] if task.reference else []
+    names += [i.tool for i in task.checklist if i.kind == "called" and i.tool]
+    return list(dict.fromkeys(names))
+
+
+def restrict_tools(task: Task, distractors: int) -> Task:
+    """Show only the tools the task needs plus ``distractors`` others (chosen per task, fixed).
+
+    Like BFCL's per-entry function lists: prompts several times shorter, which is what a CPU
+    budget needs. It uses the generator's reference, so it is a data setting, not a policy input.
+    """
+    need = set(needed_tools(task))
+    if not need:
+        return task
+    others = [t for t in task.tools if t.name not in need]
+    keep = need | {t.name for t in random.Random(task.id).sample(others, min(distractors, len(others)))}
+    return task.model_copy(update={"tools": [t for t in task.tools if t.name in keep]})
+
+
 def select_tasks(world: str | None, split: str = "test", limit: int | None = None,
-                 task_file: str | Path | None = None) -> list[Task]:
+                 task_file: str | Path | None = None, difficulties: list[int] | None = None,
+                 tool_distractors: int | None = None) -> list[Task]:
+    """Tasks of ``split`` (train | test | all). ``tool_distractors=None`` shows every tool."""
     if task_file is not None:
         tasks = load_jsonl(task_file, Task)
         if split in ("train", "test"):
@@ -21,10 +45,18 @@ def select_tasks(world: str | None, split: str = "test", limit: int | None = Non
         unknown = [w for w in names if w not in world_names()]
         if unknown:
             raise ValueError(f"unknown world(s) {unknown}; known: {world_names()}")
-        per = None if limit is None else max(1, -(-limit // len(names)))
-        tasks = [t for w in names for t in load_tasks(w, split, limit=per)]
+        wanted = None if split == "all" else split
+        per_world = [[t for t in load_tasks(w, wanted) if difficulties is None or t.difficulty in difficulties]
+                     for w in names]
+        # Interleave worlds so that a limit takes from each of them.
+        tasks = [t for group in zip(*per_world) for t in group]
+        tasks += [t for ts in per_world for t in ts[min(map(len, per_world)):]]
+    if difficulties is not None and task_file is not None:
+        tasks = [t for t in tasks if t.difficulty in difficulties]
     if limit is not None:
         tasks = tasks[:limit]
     if not tasks:
         raise ValueError(f"no tasks for world={world!r} split={split!r}" + (f" in {task_file}" if task_file else ""))
+    if tool_distractors is not None:
+        tasks = [restrict_tools(t, tool_distractors) for t in tasks]
     return tasks

@@ -45,11 +45,12 @@ def generation_settings(cfg: TrainConfig, temperature: float | None = None) -> G
 
 
 def train_tasks(cfg: TrainConfig) -> list[Task]:
-    return select_tasks(",".join(cfg.worlds), "train", None, cfg.task_file)
+    return select_tasks(",".join(cfg.worlds), "train", None, cfg.task_file, cfg.difficulties, cfg.tool_distractors)
 
 
 def eval_tasks(cfg: TrainConfig) -> list[Task]:
-    tasks = select_tasks(",".join(cfg.worlds), cfg.eval.split, cfg.eval.tasks, cfg.task_file)
+    tasks = select_tasks(",".join(cfg.worlds), cfg.eval.split, cfg.eval.tasks, cfg.task_file, cfg.difficulties,
+                         cfg.tool_distractors)
     missing = [t.id for t in tasks if t.env is None]
     if missing:
         raise ValueError(f"evaluation needs tasks with a real world ('env'); {len(missing)} have none, e.g. {missing[0]}")
@@ -160,6 +161,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     tok = models.tokenizer
     pool, held_out = train_tasks(cfg), eval_tasks(cfg)
     gen = generation_settings(cfg)
+    eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
     caller_backend = TransformersBackend(models.for_role("caller"), tok, max_batch=gen.max_batch)
     sim_model = models.for_role("simulator")
     if cfg.source == "simulator":
@@ -185,7 +187,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
                                                                          max_turns=cfg.rollout.max_turns))
         t_roll = time.perf_counter() - t0
-        scored = compute_advantages(trajs, norm_by_std=cfg.grpo.norm_by_std, empty_penalty=cfg.grpo.empty_penalty)
+        scored = compute_advantages(trajs, norm_by_std=cfg.grpo.norm_by_std, empty_penalty=cfg.grpo.empty_penalty,
+                                    content_free_ids=eos_ids)
         ustats = update_for_mode(models.spec, st.updaters, scored)
         t_total = time.perf_counter() - t0
         row: dict[str, Any] = {"phase": "train", "step": step, "reward": sum(t.reward for t in trajs) / len(trajs),

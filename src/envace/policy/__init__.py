@@ -1,0 +1,40 @@
+"""Generation backends: load a policy model, sample batched continuations with logprobs.
+
+``sampling`` and ``backend`` are light (no torch import); the loaders and the transformers
+backend import torch/transformers (seconds), so they are only imported when first used here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from envace.policy.backend import GenerationBackend
+from envace.policy.sampling import FinishReason, Generation, SamplingParams
+
+if TYPE_CHECKING:
+    from envace.policy.loading import ModelSpecError, load_model
+    from envace.policy.transformers_backend import TransformersBackend
+
+_LAZY = {
+    "load_model": "envace.policy.loading",
+    "ModelSpecError": "envace.policy.loading",
+    "TransformersBackend": "envace.policy.transformers_backend",
+}
+
+__all__ = [
+    "FinishReason",
+    "Generation",
+    "GenerationBackend",
+    "ModelSpecError",
+    "SamplingParams",
+    "TransformersBackend",
+    "load_model",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'envace.policy' has no attribute {name!r}")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from envace.policy.sampling import Generation, SamplingParams
+
+if TYPE_CHECKING:  # importing transformers costs seconds; the interface should not
+    from transformers import PreTrainedTokenizerBase
 
 
 @runtime_checkable
@@ -17,7 +18,7 @@ class GenerationBackend(Protocol):
     the ids the policy saw (chat templating happens once, in the caller, with ``tokenizer``).
     """
 
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: "PreTrainedTokenizerBase"
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One Generation per prompt, in prompt order."""

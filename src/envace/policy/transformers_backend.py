@@ -110,10 +110,9 @@ class TransformersBackend:
             gens = [generators[r] for r in running] if generators is not None else None
             chosen, chosen_logprobs = sample_next(logits, params, gens)
             keep: list[int] = []  # positions within `running` that go on
-            for j, row in enumerate(running):
-                token = int(chosen[j])
+            for j, (row, token, logprob) in enumerate(zip(running, chosen.tolist(), chosen_logprobs.tolist())):
                 tokens[row].append(token)
-                logprobs[row].append(float(chosen_logprobs[j]))
+                logprobs[row].append(logprob)
                 done[row] = self._finished(tokens[row], logprobs[row], params)
                 if done[row] is None:
                     keep.append(j)

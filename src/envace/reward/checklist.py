@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 from typing import Any, Protocol
 
@@ -65,9 +66,17 @@ def _judge_state(item: ChecklistItem, world: QueryableWorld | None) -> Verdict:
     return Verdict(item=item, met=ok, detail=f"rows={rows!r}"[:300])
 
 
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, no thousands separators: "$1,645.20" states the same amount as "1645.20"."""
+    return _THOUSANDS.sub("", text.lower())
+
+
 def _judge_answer(item: ChecklistItem, traj: Trajectory) -> Verdict:
     answer = traj.final_answer
-    ok = bool(item.text) and item.text.lower() in answer.lower()
+    ok = bool(item.text) and normalize_answer(item.text) in normalize_answer(answer)
     return Verdict(item=item, met=ok, detail="" if ok else f"answer lacks {item.text!r}")
 
 

@@ -17,6 +17,7 @@ class ActorView:
     task: Task
     history: list[Message]  # assistant and tool messages so far
     turn: int
+    memory: str = ""  # test-time rehearsal memory for the caller's prompt (envace.testtime)
 
 
 @dataclass
@@ -49,7 +50,7 @@ class PolicyActor:
 
     def act(self, views: list[ActorView], turn: int) -> list[ActorTurn | None]:
         tok = self.backend.tokenizer
-        prompts = [render_caller_prompt(tok, v.task, v.history, self.style) for v in views]
+        prompts = [render_caller_prompt(tok, v.task, v.history, self.style, v.memory) for v in views]
         fits = [i for i, p in enumerate(prompts) if len(p) <= self.max_prompt_tokens]
         out: list[ActorTurn | None] = [None] * len(views)
         if not fits:

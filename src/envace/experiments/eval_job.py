@@ -1,0 +1,290 @@
+"""The evaluation job behind ``envace eval``: private rehearsal, the budget sweep, fidelity.
+
+What one job can do (any combination):
+
+* a single condition: ``rehearse`` none (the plain real-world run), parallel or sequential with
+  ``budget`` imagined episodes per task, then one committed real run per task;
+* ``sweep``: every budget of ``budgets`` (0 = no rehearsal) for every mode of ``modes``;
+* ``fidelity``: rehearse every real response of real trajectories (the scripted oracle's, the
+  policy's own, or both; plus error probes) greedily and compare with the real world.
+
+Files of the run directory (kind ``eval``): ``committed.jsonl`` (one row per task and
+condition: memory, costs, the committed trajectory), ``rehearsals.jsonl`` (the imagined
+episodes), ``fidelity.jsonl`` (rehearsed vs real response pairs), ``metrics.jsonl`` (one row
+per condition and per fidelity group), then ``summary.md``, ``sweep.png``, ``fidelity.png`` and
+``viewer.html`` from :func:`envace.experiments.eval_report.write_eval_report`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from envace.core.prompts import PromptStyle
+from envace.core.types import Task
+from envace.experiments.eval_models import EvalModels, load_eval_backend, resolve_eval_models
+from envace.experiments.factory import GenerationSettings, make_actor
+from envace.experiments.rundir import RunDir
+from envace.experiments.tasks import select_tasks
+from envace.envs.registry import world_names
+from envace.rollout.actors import OracleActor, PolicyActor
+from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.sources import ModelSource, RealSource
+from envace.testtime.fidelity import (
+    cases_from_trajectories,
+    error_probe_cases,
+    measure_fidelity,
+    summarize_fidelity,
+)
+from envace.testtime.memory import MEMORY_KINDS, make_memory_writer
+from envace.testtime.rehearsal import (
+    MODES,
+    REHEARSE_MODES,
+    budget_sweep,
+    check_mode_budget,
+    run_private_rehearsal,
+)
+
+DEFAULT_BUDGETS = (0, 1, 2, 4, 8)
+FIDELITY_SOURCES = ("oracle", "policy", "both")
+
+
+@dataclass
+class EvalJob:
+    model: str = "smollm2"
+    world: str = "shop"  # embedded world(s): a name, a comma list or "all"
+    task_file: str | None = None
+    split: str = "test"
+    tasks: int = 10  # per world (or in all, for a task file)
+    rehearse: str = "none"  # none | parallel | sequential
+    budget: int | None = None  # imagined episodes per task (default 4 with a rehearse mode)
+    sweep: bool = False
+    budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
+    modes: list[str] = field(default_factory=lambda: list(REHEARSE_MODES))
+    memory: str = "model"  # model (the policy summarises; rule-based fallback) | rule
+    fidelity: bool = False
+    fidelity_source: str = "oracle"  # oracle | policy | both
+    fidelity_tasks: int | None = None  # per world; default: tasks
+    error_probes: bool = True
+    max_turns: int = 4
+    max_new_tokens: int = 96  # caller turns
+    sim_max_new_tokens: int = 96  # rehearsed tool responses during rehearsal
+    fidelity_max_new_tokens: int = 256  # rehearsed tool responses for fidelity (real ones run long)
+    summary_max_new_tokens: int = 96
+    memory_max_chars: int = 600
+    rehearsal_temperature: float = 0.7
+    temperature: float = 0.0  # the committed run (0 = greedy)
+    max_batch: int = 16
+    seed: int = 0
+    threads: int | None = None
+    out: str = "runs"
+    name: str | None = None
+
+    @property
+    def runs_testtime(self) -> bool:
+        """Fidelity alone skips the committed runs; otherwise at least the budget-0 run happens."""
+        return self.sweep or self.rehearse != "none" or self.budget not in (None, 0) or not self.fidelity
+
+
+def parse_int_list(text: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be a comma list of integers, got {text!r}") from None
+
+
+def effective_budget(job: EvalJob) -> int:
+    """Checks ``rehearse``/``budget``; returns the budget of the single condition."""
+    budget = job.budget
+    if job.rehearse not in MODES:
+        raise ValueError(f"unknown rehearse mode {job.rehearse!r}; choose one of {', '.join(MODES)}")
+    if budget is None:
+        budget = 0 if job.rehearse == "none" else 4
+    check_mode_budget(job.rehearse, budget)
+    return budget
+
+
+def validate_job(job: EvalJob) -> int:
+    """Every check that needs no model, so bad input fails in a second with the reason."""
+    if job.tasks < 1:
+        raise ValueError(f"--tasks must be >= 1, got {job.tasks}")
+    if job.fidelity_tasks is not None and job.fidelity_tasks < 1:
+        raise ValueError(f"--fidelity-tasks must be >= 1, got {job.fidelity_tasks}")
+    if job.max_turns < 1:
+        raise ValueError(f"--max-turns must be >= 1, got {job.max_turns}")
+    for name in ("max_new_tokens", "sim_max_new_tokens", "fidelity_max_new_tokens", "summary_max_new_tokens",
+                 "max_batch"):
+        if getattr(job, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(job, name)}")
+    if job.temperature < 0 or job.rehearsal_temperature < 0:
+        raise ValueError("temperatures must be >= 0")
+    if job.memory not in MEMORY_KINDS:
+        raise ValueError(f"unknown memory kind {job.memory!r}; choose one of {', '.join(MEMORY_KINDS)}")
+    if job.fidelity_source not in FIDELITY_SOURCES:
+        raise ValueError(f"unknown fidelity source {job.fidelity_source!r}; choose one of {', '.join(FIDELITY_SOURCES)}")
+    if job.split not in ("train", "test"):
+        raise ValueError(f"--split must be train or test, got {job.split!r}")
+    if job.sweep:
+        if job.rehearse != "none" or job.budget is not None:
+            raise ValueError("--sweep runs every budget of --budgets for every mode of --modes; "
+                             "drop --rehearse/--budget")
+        if not job.budgets:
+            raise ValueError("--budgets is empty")
+        bad = [b for b in job.budgets if isinstance(b, bool) or not isinstance(b, int) or b < 0]
+        if bad:
+            raise ValueError(f"sweep budgets must be integers >= 0 (0 = no rehearsal), got {bad}")
+        unknown = [m for m in job.modes if m not in REHEARSE_MODES]
+        if unknown or not job.modes:
+            raise ValueError(f"sweep modes must be among {', '.join(REHEARSE_MODES)}, got {job.modes}")
+        return 0
+    return effective_budget(job)
+
+
+def world_list(job: EvalJob) -> list[str]:
+    if job.task_file:
+        return []
+    names = world_names() if job.world in (None, "", "all") else [w.strip() for w in job.world.split(",") if w.strip()]
+    unknown = [w for w in names if w not in world_names()]
+    if unknown or not names:
+        raise ValueError(f"unknown world(s) {unknown or job.world!r}; known: {', '.join(world_names())}")
+    return names
+
+
+def eval_tasks(job: EvalJob, per_world: int) -> list[Task]:
+    """``per_world`` tasks of each world's split (or of the task file), all with a real world."""
+    if job.task_file:
+        tasks = select_tasks(None, job.split, per_world, job.task_file)
+    else:
+        tasks = []
+        for w in world_list(job):
+            try:
+                tasks += select_tasks(w, job.split, per_world)
+            except ValueError:
+                raise ValueError(f"world {w!r} has no {job.split} split tasks") from None
+    missing = [t.id for t in tasks if t.env is None]
+    if missing:
+        raise ValueError(f"evaluation runs against the real world, but {len(missing)} task(s) have no 'env' "
+                         f"(e.g. {missing[0]})")
+    return tasks
+
+
+@dataclass
+class EvalParts:
+    """What a job runs with, built from a job and its loaded backends (also used by tests)."""
+
+    commit_actor: Any
+    rehearsal_actor: Any
+    simulator: Any  # the rehearsal source: the policy (or a checkpoint's simulator) rehearsing
+    fidelity_source: Any
+    writer: Any
+    style: PromptStyle
+
+
+def build_parts(job: EvalJob, caller: Any, simulator_backend: Any, style: PromptStyle | None = None) -> EvalParts:
+    style = style or PromptStyle()
+    gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.sim_max_new_tokens,
+                             temperature=job.temperature, max_batch=job.max_batch, style=style)
+    commit_actor = make_actor(caller, gen, job.seed)
+    rehearsal_actor = PolicyActor(backend=caller, style=style, max_new_tokens=job.max_new_tokens,
+                                  max_prompt_tokens=gen.max_prompt_tokens, temperature=job.rehearsal_temperature,
+                                  seed=job.seed + 1)
+    simulator = ModelSource(backend=simulator_backend, name="rehearsal", record_samples=False, style=style,
+                            max_new_tokens=job.sim_max_new_tokens, temperature=job.rehearsal_temperature,
+                            seed=job.seed + 104729)
+    fidelity = ModelSource(backend=simulator_backend, name="rehearsal", record_samples=False, style=style,
+                           max_new_tokens=job.fidelity_max_new_tokens, temperature=0.0)
+    writer = make_memory_writer(job.memory, caller, max_new_tokens=job.summary_max_new_tokens,
+                                max_chars=job.memory_max_chars)
+    return EvalParts(commit_actor, rehearsal_actor, simulator, fidelity, writer, style)
+
+
+def run_testtime_part(job: EvalJob, tasks: list[Task], parts: EvalParts, run: RunDir, log=print) -> None:
+    from envace.experiments.eval_report import condition_table
+
+    if job.sweep:
+        results, rsets = budget_sweep(tasks, parts.rehearsal_actor, parts.commit_actor, parts.simulator,
+                                      job.budgets, tuple(job.modes), parts.writer, job.max_turns, log)
+    else:
+        budget = effective_budget(job)
+        log(f"condition {job.rehearse} (budget {budget}) on {len(tasks)} tasks")
+        result, rset = run_private_rehearsal(tasks, parts.rehearsal_actor, parts.commit_actor, parts.simulator,
+                                             job.rehearse, budget, parts.writer, job.max_turns, log=log)
+        results, rsets = [result], ({rset.mode: rset} if rset is not None else {})
+    for mode, rset in rsets.items():
+        run.add_trajectories([r.to_row(mode) for rs in rset.attempts.values() for r in rs], name="rehearsals.jsonl")
+    rows = [o.to_row() for res in results for o in res.outcomes]
+    run.add_trajectories(rows, name="committed.jsonl")
+    for row in condition_table(rows, seed=job.seed):
+        run.log_metrics({"phase": "testtime", **row})
+    bad = [r.name for r in results if r.real_calls_during_rehearsal]
+    if bad:  # cannot happen by construction; counted so it would show
+        raise RuntimeError(f"real tool calls during rehearsal in {bad}")
+
+
+def fidelity_trajectories(job: EvalJob, tasks: list[Task], parts: EvalParts, log=print) -> dict[str, list]:
+    out: dict[str, list] = {}
+    if job.fidelity_source in ("oracle", "both"):
+        missing = [t.id for t in tasks if t.reference is None]
+        if missing:
+            raise ValueError(f"--fidelity-source oracle needs tasks with a reference solution; {missing[0]} has none "
+                             "(use --fidelity-source policy)")
+        turns = max(job.max_turns, max(len(t.reference.calls) for t in tasks) + 1)
+        out["oracle"], _ = run_episodes(tasks, OracleActor(), RealSource(), RolloutConfig(max_turns=turns))
+    if job.fidelity_source in ("policy", "both"):
+        out["policy"], _ = run_episodes(tasks, parts.commit_actor, RealSource(), RolloutConfig(max_turns=job.max_turns))
+    return out
+
+
+def run_fidelity_part(job: EvalJob, tasks: list[Task], parts: EvalParts, run: RunDir, log=print) -> list:
+    t0 = time.perf_counter()
+    trajs = fidelity_trajectories(job, tasks, parts, log)
+    cases = [c for origin, ts in trajs.items() for c in cases_from_trajectories(tasks, ts, origin)]
+    if job.error_probes and "oracle" in trajs:
+        cases += error_probe_cases(tasks, trajs["oracle"])
+    log(f"fidelity: rehearsing {len(cases)} real tool responses (greedy) from "
+        f"{sum(len(ts) for ts in trajs.values())} real trajectories")
+    pairs = measure_fidelity(tasks, cases, parts.fidelity_source)
+    run.add_trajectories(pairs, name="fidelity.jsonl")
+    for by in (("origin", "world"), ("origin", "world", "tool")):
+        for row in summarize_fidelity(pairs, by):
+            run.log_metrics({"phase": "fidelity", "by": "+".join(by), **row})
+    log(f"fidelity: {len(pairs)} pairs in {time.perf_counter() - t0:.0f} s")
+    return pairs
+
+
+def job_config(job: EvalJob, models: EvalModels, budget: int) -> dict[str, Any]:
+    cfg = asdict(job)
+    cfg["resolved"] = {"caller_model": models.caller, "simulator_model": models.simulator,
+                       "budget": budget, "notes": models.notes,
+                       "prompt_style": asdict(models.style) if models.style else None}
+    return cfg
+
+
+def run_eval_job(job: EvalJob, log=print) -> RunDir:
+    budget = validate_job(job)
+    models = resolve_eval_models(job.model)
+    tasks = eval_tasks(job, job.tasks) if job.runs_testtime else []
+    fid_tasks = eval_tasks(job, job.fidelity_tasks or job.tasks) if job.fidelity else []
+    for note in models.notes:
+        log(note)
+    if job.threads:
+        import torch
+
+        torch.set_num_threads(job.threads)
+    caller = load_eval_backend(models.caller, job.max_batch)
+    sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch)
+    run = RunDir.create(job.out, "eval", job_config(job, models, budget), seed=job.seed, name=job.name)
+    log(f"run directory: {run.path}")
+    parts = build_parts(job, caller, sim, models.style)
+    t0 = time.perf_counter()
+    if job.runs_testtime:
+        run_testtime_part(job, tasks, parts, run, log)
+    if job.fidelity:
+        run_fidelity_part(job, fid_tasks, parts, run, log)
+    from envace.experiments.eval_report import print_eval_summary, write_eval_report
+
+    path = write_eval_report(run)
+    print_eval_summary(run)
+    log(f"eval done in {time.perf_counter() - t0:.0f} s; report: {path}")
+    return run

@@ -1,0 +1,117 @@
+"""Which model(s) an evaluation loads for ``--model``: a spec, or a training checkpoint.
+
+A training checkpoint (``runs/<id>/checkpoints/step-00000020``, written by
+:mod:`envace.train.checkpoint`) holds its model files at the top when it saved one bare model, or
+in one sub-directory per model key otherwise: ``policy/`` (share and frozen_caller modes),
+``caller/`` and ``simulator/`` (noshare), ``caller/`` alone (caller_only, whose simulator was
+frozen and is not saved). The caller model acts; the simulator-role model rehearses (the
+caller itself where there is no separate one). The prompt style of the training run (its
+``config.yaml`` two levels up) is used when found, so the model sees the prompts it learned on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from envace.core.prompts import PromptStyle
+
+_MODEL_FILES = ("config.json", "adapter_config.json")
+
+
+@dataclass
+class EvalModels:
+    caller: str  # a spec load_model accepts
+    simulator: str  # the model that rehearses (== caller for shared-parameter checkpoints)
+    notes: list[str] = field(default_factory=list)
+    style: PromptStyle | None = None  # the training run's prompt style, when found
+
+    @property
+    def shared(self) -> bool:
+        return self.caller == self.simulator
+
+
+def _loadable(path: Path) -> bool:
+    return path.is_dir() and any((path / f).is_file() for f in _MODEL_FILES)
+
+
+def _train_style(ckpt: Path) -> PromptStyle | None:
+    """The prompt section of ``<run>/config.yaml`` for ``<run>/checkpoints/step-N``."""
+    for cfg_path in (ckpt.parent.parent / "config.yaml", ckpt.parent / "config.yaml"):
+        if cfg_path.is_file():
+            try:
+                cfg = yaml.safe_load(cfg_path.read_text()) or {}
+            except yaml.YAMLError:
+                return None
+            prompt = cfg.get("prompt") if isinstance(cfg, dict) else None
+            if isinstance(prompt, dict):
+                known = {k: v for k, v in prompt.items() if k in PromptStyle.__dataclass_fields__}
+                try:
+                    return PromptStyle(**known)
+                except TypeError:
+                    return None
+    return None
+
+
+def resolve_eval_models(spec: str) -> EvalModels:
+    """Map ``--model`` to the caller and simulator specs, with a note of what was chosen.
+
+    Raises FileNotFoundError for a path that does not exist, ValueError for a directory that
+    holds no model; named specs (``smollm2``, ``tiny``) pass through to ``load_model``.
+    """
+    spec = spec.strip()
+    if not spec:
+        raise ValueError("--model is empty")
+    looks_like_path = "/" in spec or spec.startswith(".") or spec.startswith("~")
+    path = Path(spec).expanduser()
+    if not path.exists():
+        if looks_like_path:
+            raise FileNotFoundError(f"model {spec!r}: no such file or directory")
+        return EvalModels(caller=spec, simulator=spec)  # a named spec; load_model checks it
+    if path.is_file():
+        return EvalModels(caller=spec, simulator=spec)
+    style = _train_style(path)
+    if _loadable(path):
+        return EvalModels(caller=str(path), simulator=str(path), style=style,
+                          notes=[f"training prompt style from the run's config.yaml: {style}"] if style else [])
+    subdirs = {p.name: p for p in path.iterdir() if _loadable(p)}
+    notes = []
+    if style:
+        notes.append(f"training prompt style from the run's config.yaml: {style}")
+    if "policy" in subdirs:
+        notes.insert(0, f"{path} is a checkpoint with a shared policy: using {subdirs['policy']} for both roles")
+        return EvalModels(caller=str(subdirs["policy"]), simulator=str(subdirs["policy"]), notes=notes, style=style)
+    if "caller" in subdirs:
+        sim = subdirs.get("simulator", subdirs["caller"])
+        why = ("its simulator model" if "simulator" in subdirs
+               else "the caller (the checkpoint holds no trained simulator)")
+        notes.insert(0, f"{path} is a two-model checkpoint: acting with {subdirs['caller']}, rehearsing with {why}")
+        return EvalModels(caller=str(subdirs["caller"]), simulator=str(sim), notes=notes, style=style)
+    state = path / "trainer_state.json"
+    held = ""
+    if state.is_file():
+        try:
+            held = f" (trainer_state.json lists models {json.loads(state.read_text()).get('models')})"
+        except (json.JSONDecodeError, OSError):
+            pass
+    entries = sorted(p.name for p in path.iterdir())[:12]
+    raise ValueError(f"model {spec!r} is a directory without a model: no config.json or adapter_config.json "
+                     f"at its top or in policy/ or caller/{held}; it holds {entries}")
+
+
+def load_eval_backend(spec: str, max_batch: int = 16) -> Any:
+    """Load a backend, turning any loading failure (a checkpoint that does not match its base,
+    a corrupt file) into a one-line ValueError."""
+    from envace.policy.transformers_backend import TransformersBackend
+
+    try:
+        return TransformersBackend.from_spec(spec, max_batch=max_batch)
+    except (ValueError, FileNotFoundError):
+        raise
+    except Exception as e:  # noqa: BLE001 - peft/safetensors/torch raise many kinds
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"cannot load model {spec!r}: {type(e).__name__}: {first[:300]}") from e

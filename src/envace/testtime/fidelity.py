@@ -1,0 +1,255 @@
+"""World-model fidelity: how well the policy's rehearsed tool responses match the real world.
+
+For each call of a real trajectory (the scripted oracle's or the policy's own, run against the
+real world), the model rehearses the response given the same history — the simulator prompt with
+the same earlier calls and the real results they got — greedily, and the rehearsed response is
+compared with what the real world returned:
+
+* ``format_ok`` — the rehearsal is JSON inside ``<execution_result>`` tags;
+* ``exact`` — the same JSON value (``1`` and ``1.0`` equal; ``true`` and ``1`` not);
+* ``structure`` — the same key sets, recursively (list elements compared by shape; an empty list
+  matches any list; scalar types are not compared);
+* ``value`` — the fields that matter (:mod:`envace.testtime.fields`: ids, amounts, counts,
+  status) are the same multiset of (path, value); undefined (None) when the real response has
+  none. ``fields_matched / fields_total`` is the per-field accuracy;
+* ``error_agree`` — both are errors or both are not; ``code_match`` — same error code when both
+  are errors.
+
+*Error probes* add calls the real world rejects: an id argument of a real call replaced by an id
+that does not exist, with the real response taken from a fresh world replayed to that point; the
+oracle never errs, so without probes the error metric only sees successes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from envace.core.errors import error_code, is_error
+from envace.core.types import Task, ToolCall, Trajectory, trajectory_calls
+from envace.core.validate import validate_call
+from envace.envs.registry import make_world
+from envace.rollout.sources import ResponseSource, ToolRequest
+from envace.testtime.fields import important_fields
+
+
+def _load(text: str) -> tuple[bool, Any]:
+    try:
+        return True, json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return False, None
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """JSON value equality: numbers by value, but booleans are not numbers."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def same_structure(a: Any, b: Any) -> bool:
+    """Same key sets recursively; lists: every element of each has the shape of the other's first."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_structure(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        if not a or not b:
+            return True
+        return all(same_structure(x, b[0]) for x in a) and all(same_structure(y, a[0]) for y in b)
+    return not isinstance(a, (dict, list)) and not isinstance(b, (dict, list))
+
+
+class ResponseMatch(BaseModel):
+    format_ok: bool
+    exact: bool
+    structure: bool
+    value: bool | None = None  # None: the real response has no field that matters
+    fields_total: int
+    fields_matched: int
+    real_error: bool
+    rehearsed_error: bool
+    error_agree: bool
+    code_match: bool | None = None  # None unless both are errors
+
+
+def compare_responses(real: Any, rehearsed_text: str, format_ok: bool = True) -> ResponseMatch:
+    """Compare the real response (a JSON value) with a rehearsed one (its text)."""
+    ok, value = _load(rehearsed_text) if format_ok else (False, None)
+    real_fields = important_fields(real)
+    total = sum(real_fields.values())
+    real_err = is_error(real)
+    if not ok:
+        return ResponseMatch(format_ok=False, exact=False, structure=False, value=False if total else None,
+                             fields_total=total, fields_matched=0, real_error=real_err, rehearsed_error=False,
+                             error_agree=False, code_match=None)
+    reh_fields = important_fields(value)
+    reh_err = is_error(value)
+    return ResponseMatch(
+        format_ok=True, exact=json_equal(real, value), structure=same_structure(real, value),
+        value=(real_fields == reh_fields) if total else None, fields_total=total,
+        fields_matched=sum((real_fields & reh_fields).values()), real_error=real_err, rehearsed_error=reh_err,
+        error_agree=real_err == reh_err,
+        code_match=(error_code(real) == error_code(value)) if real_err and reh_err else None)
+
+
+class FidelityCase(BaseModel):
+    """One real call to rehearse: the task, the call, the history before it, the real answer."""
+
+    task_id: str
+    world: str
+    origin: str  # "oracle" | "policy" | "probe"
+    trajectory_index: int = 0
+    position: int  # index of the call in its trajectory
+    call: ToolCall
+    earlier: list[tuple[ToolCall, str]] = Field(default_factory=list)
+    real_text: str
+
+
+class FidelityPair(BaseModel):
+    """A case with its rehearsed response and the comparison."""
+
+    task_id: str
+    world: str
+    tool: str
+    origin: str
+    position: int
+    arguments: dict[str, Any]
+    real: str
+    rehearsed: str
+    gen_tokens: int = 0
+    match: ResponseMatch
+
+
+def _world_of(task: Task) -> str:
+    return task.env.world if task.env is not None else (task.domain or "?")
+
+
+def cases_from_trajectories(tasks: list[Task], trajectories: Iterable[Trajectory], origin: str) -> list[FidelityCase]:
+    """Every call of real trajectories that reached the world (calls the engine rejected as
+    malformed or schema-invalid never reach any source, so there is nothing to rehearse)."""
+    by_id = {t.id: t for t in tasks}
+    out: list[FidelityCase] = []
+    for traj in trajectories:
+        if traj.source != "real":
+            raise ValueError(f"fidelity needs real trajectories; {traj.task_id} came from {traj.source!r}")
+        task = by_id.get(traj.task_id)
+        if task is None:
+            raise ValueError(f"trajectory of unknown task {traj.task_id}")
+        earlier: list[tuple[ToolCall, str]] = []
+        for i, (call, answer) in enumerate(trajectory_calls(traj)):
+            if validate_call(call, task.tools) is None:
+                out.append(FidelityCase(task_id=task.id, world=_world_of(task), origin=origin,
+                                        trajectory_index=traj.trajectory_index, position=i, call=call,
+                                        earlier=list(earlier), real_text=answer.content))
+            earlier.append((call, answer.content))
+    return out
+
+
+_ID_VALUE = re.compile(r"^([A-Za-z]+)-\d+$")
+
+
+def _missing_id(value: str) -> str:
+    m = _ID_VALUE.match(value)
+    return f"{m.group(1)}-99999" if m else value + "-x9"
+
+
+def error_probe_cases(tasks: list[Task], trajectories: Iterable[Trajectory], max_per_trajectory: int = 1
+                      ) -> list[FidelityCase]:
+    """Calls of real trajectories with one id argument replaced by an id that does not exist.
+
+    The real response comes from a fresh world of the task replayed through the earlier calls,
+    so the probe is answered exactly as the real world would at that point.
+    """
+    by_id = {t.id: t for t in tasks}
+    out: list[FidelityCase] = []
+    for traj in trajectories:
+        task = by_id[traj.task_id]
+        if task.env is None:
+            continue
+        pairs = trajectory_calls(traj)
+        made = 0
+        for i, (call, _) in enumerate(pairs):
+            keys = [k for k, v in call.arguments.items() if isinstance(v, str) and (k == "id" or k.endswith("_id"))]
+            if not keys or made >= max_per_trajectory:
+                continue
+            probe = ToolCall(name=call.name, arguments={**call.arguments, keys[0]: _missing_id(call.arguments[keys[0]])})
+            if validate_call(probe, task.tools) is not None:
+                continue
+            world = make_world(task.env.world, task.env.seed)
+            for earlier_call, _ in pairs[:i]:
+                world.call(earlier_call.name, earlier_call.arguments)
+            real = world.call(probe.name, probe.arguments)
+            out.append(FidelityCase(task_id=task.id, world=_world_of(task), origin="probe",
+                                    trajectory_index=traj.trajectory_index, position=i, call=probe,
+                                    earlier=[(c, a.content) for c, a in pairs[:i]],
+                                    real_text=json.dumps(real, ensure_ascii=False)))
+            made += 1
+    return out
+
+
+def measure_fidelity(tasks: list[Task], cases: list[FidelityCase], simulator: ResponseSource) -> list[FidelityPair]:
+    """Rehearse every case with ``simulator`` (one batched call) and compare with the real answer.
+
+    ``simulator`` should decode greedily (e.g. ``ModelSource(backend, temperature=0.0,
+    record_samples=False)``) so that the figures are reproducible.
+    """
+    if not cases:
+        return []
+    by_id = {t.id: t for t in tasks}
+    requests = [ToolRequest(task=by_id[c.task_id], call=c.call, earlier=list(c.earlier), state=None,
+                            trajectory_index=c.trajectory_index, turn=c.position) for c in cases]
+    responses = simulator.respond(requests)
+    out = []
+    for c, r in zip(cases, responses):
+        _, real = _load(c.real_text)
+        out.append(FidelityPair(task_id=c.task_id, world=c.world, tool=c.call.name, origin=c.origin,
+                                position=c.position, arguments=c.call.arguments, real=c.real_text,
+                                rehearsed=r.text, gen_tokens=int(r.extra.get("gen_tokens", 0)),
+                                match=compare_responses(real, r.text, r.format_ok)))
+    return out
+
+
+METRICS = ("format_ok", "exact", "structure", "value", "error_agree")
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize_fidelity(pairs: Iterable[FidelityPair | dict[str, Any]], by: tuple[str, ...] = ("world",)
+                       ) -> list[dict[str, Any]]:
+    """One row per group (keys of ``by`` among world, tool, origin): rates of every metric."""
+    groups: dict[tuple, list[FidelityPair]] = {}
+    for p in pairs:
+        p = p if isinstance(p, FidelityPair) else FidelityPair.model_validate(p)
+        groups.setdefault(tuple(getattr(p, k) for k in by), []).append(p)
+    rows = []
+    for key in sorted(groups):
+        ps = groups[key]
+        ms = [p.match for p in ps]
+        valued = [m.value for m in ms if m.value is not None]
+        codes = [m.code_match for m in ms if m.code_match is not None]
+        total = sum(m.fields_total for m in ms)
+        row: dict[str, Any] = dict(zip(by, key))
+        row.update({
+            "n": len(ps),
+            "format_ok": _mean([m.format_ok for m in ms]),
+            "exact": _mean([m.exact for m in ms]),
+            "structure": _mean([m.structure for m in ms]),
+            "value": _mean(valued), "value_n": len(valued),
+            "field_accuracy": sum(m.fields_matched for m in ms) / total if total else None,
+            "error_agree": _mean([m.error_agree for m in ms]),
+            "code_match": _mean(codes), "real_errors": sum(m.real_error for m in ms),
+            "rehearsed_errors": sum(m.rehearsed_error for m in ms),
+        })
+        rows.append(row)
+    return rows

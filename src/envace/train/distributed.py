@@ -1,0 +1,381 @@
+"""Multi-process role-wise GRPO through accelerate: DDP by default, FSDP or DeepSpeed by the
+user's accelerate config. No home-made distributed code: processes, the process group, gradient
+all-reduce (DDP) or reduce-scatter (FSDP/ZeRO) all belong to accelerate and torch.distributed.
+
+What each step does on N processes (launched by ``accelerate launch``):
+
+1. **Rollouts are split by task.** Every rank draws the same step tasks (``step_tasks`` is a
+   function of seed and step) and keeps its share (:func:`shard_tasks`, task ``i`` on rank
+   ``i % N``), so all G trajectories of a task live on one rank.
+2. **Advantages are computed over the whole group.** :func:`compute_advantages_global` gathers
+   a light summary of every rank's turn-samples (group id, role, reward, empty flag: no token
+   ids) and runs :func:`~envace.train.advantages.compute_advantages` on the union, then keeps
+   this rank's samples. The result is exactly the single-process one, also when a group's G
+   trajectories are spread over ranks.
+3. **One optimiser step on the global batch.** :func:`distributed_update` mirrors
+   :meth:`~envace.train.step.GRPOUpdater.step`: each role's loss is normalised by the *global*
+   count of that role's tokens (token_mean) or samples (seq_mean), divided by N because DDP
+   averages gradients, so the synchronised gradient equals the single-process full-batch
+   gradient. Ranks hold different numbers of micro-batches; every rank runs the same number of
+   forward/backward passes (the short ones add zero-weighted passes), as DDP and FSDP need.
+   Gradients are synchronised once per step (``no_sync`` on the others under DDP), clipped by
+   accelerate, and the optimiser steps on every rank.
+
+The one-process path (no accelerator, or a single process) is exactly
+:func:`~envace.train.step.update_for_mode`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from envace.core.types import Role, Trajectory, TurnSample
+from envace.train.advantages import ScoredSample, compute_advantages, is_empty_generation
+from envace.train.batching import padding_fraction, split_micro_batches
+from envace.train.grpo_loss import ROLES, grpo_loss, merge_loss_stats, role_normalizers
+from envace.train.modes import ModeSpec
+from envace.train.step import GRPOUpdater, update_for_mode
+
+T = TypeVar("T")
+
+_WORLD_ENV = ("WORLD_SIZE", "ACCELERATE_NUM_PROCESSES")
+
+
+# ---------------------------------------------------------------------------- setup
+
+
+def launched_distributed() -> bool:
+    """True when this process was started as one of several (accelerate launch / torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+
+
+def make_accelerator(**kwargs: Any) -> Any | None:
+    """An ``accelerate.Accelerator`` when launched with more than one process, else None (the
+    single-process path then stays exactly as it is). ``kwargs`` go to ``Accelerator``; the
+    strategy (DDP / FSDP / DeepSpeed), mixed precision and the number of processes come from
+    the accelerate config given to ``accelerate launch``."""
+    if not launched_distributed():
+        return None
+    from accelerate import Accelerator
+
+    if "cpu" not in kwargs and not _has_accelerator_device():
+        # accelerate only sets up a CPU process group (gloo) when asked to run on CPU.
+        kwargs["cpu"] = True
+    accelerator = Accelerator(**kwargs)
+    if accelerator.gradient_accumulation_steps != 1:
+        raise ValueError("envace accumulates micro-batches itself (grpo.micro_batch_tokens); set "
+                         "gradient_accumulation_steps to 1 in the accelerate / DeepSpeed config")
+    return accelerator
+
+
+def _has_accelerator_device() -> bool:
+    probe = getattr(torch, "accelerator", None)
+    if probe is not None and hasattr(probe, "is_available"):
+        return bool(probe.is_available())
+    return torch.cuda.is_available()
+
+
+def num_processes(accelerator: Any | None) -> int:
+    return 1 if accelerator is None else int(accelerator.num_processes)
+
+
+def process_index(accelerator: Any | None) -> int:
+    return 0 if accelerator is None else int(accelerator.process_index)
+
+
+def is_main_process(accelerator: Any | None) -> bool:
+    return accelerator is None or bool(accelerator.is_main_process)
+
+
+@dataclass
+class DistributedUpdater:
+    """A GRPOUpdater whose model and optimiser went through ``accelerator.prepare``.
+
+    ``updater`` keeps the configuration and the *unwrapped* model (what rollouts generate with
+    under DDP, and what checkpoints save); ``model`` is the DDP / FSDP / DeepSpeed wrapper and
+    ``optimizer`` accelerate's wrapper of the same torch optimiser (its state is the updater's).
+    """
+
+    updater: GRPOUpdater
+    model: nn.Module
+    optimizer: Any
+
+    @property
+    def config(self):  # noqa: ANN201 - UpdaterConfig
+        return self.updater.config
+
+
+def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater]
+                     ) -> dict[str, GRPOUpdater] | dict[str, DistributedUpdater]:
+    """Wrap each updater's model and optimiser with ``accelerator.prepare`` (one pair per call,
+    as FSDP needs). Without an accelerator (single process) the updaters come back unchanged.
+    Call once, after checkpoints were loaded into the models and optimisers."""
+    if accelerator is None:
+        return dict(updaters)
+    out: dict[str, DistributedUpdater] = {}
+    for key, up in updaters.items():
+        model, optimizer = accelerator.prepare(up.model, up.optimizer)
+        out[key] = DistributedUpdater(updater=up, model=model, optimizer=optimizer)
+    return out
+
+
+# ---------------------------------------------------------------------------- rollouts
+
+
+def shard_tasks(tasks: Sequence[T], accelerator: Any | None) -> list[T]:
+    """This rank's share of the step's tasks: task ``i`` goes to rank ``i % N``, so each task's G
+    trajectories stay on one rank. Every rank must pass the same list in the same order."""
+    n, rank = num_processes(accelerator), process_index(accelerator)
+    return list(tasks[rank::n])
+
+
+def rank_seed(seed: int | None, accelerator: Any | None) -> int | None:
+    """A per-rank sampling seed (rank 0 keeps ``seed``), so ranks do not share random streams."""
+    if seed is None:
+        return None
+    return seed + 1_000_003 * process_index(accelerator)
+
+
+def gather_objects(accelerator: Any | None, items: list[T]) -> list[T]:
+    """Every rank's ``items`` concatenated in rank order, on every rank (pickled through
+    ``torch.distributed.all_gather_object``, via accelerate)."""
+    if num_processes(accelerator) == 1:
+        return list(items)
+    from accelerate.utils import gather_object
+
+    return list(gather_object(list(items)))
+
+
+def gather_trajectories(accelerator: Any | None, trajectories: list[Trajectory]) -> list[Trajectory]:
+    """All ranks' trajectories of the step (for logging on the main process)."""
+    return gather_objects(accelerator, trajectories)
+
+
+# ---------------------------------------------------------------------------- advantages
+
+
+@dataclass(frozen=True)
+class _SampleMeta:
+    """What compute_advantages reads of a TurnSample; ``gen_ids`` is () for an empty generation
+    and one placeholder id otherwise (emptiness is decided on the sample's own rank)."""
+
+    group_id: str
+    role: Role
+    gen_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _TrajectoryMeta:
+    reward: float
+    samples: tuple[_SampleMeta, ...]
+
+
+def compute_advantages_global(
+    accelerator: Any | None,
+    trajectories: Iterable[Trajectory],
+    norm_by_std: bool = False,
+    empty_penalty: float = 0.1,
+    eps: float = 1e-6,
+    roles: Collection[Role] | None = None,
+    content_free_ids: Collection[int] = (),
+) -> list[ScoredSample]:
+    """:func:`~envace.train.advantages.compute_advantages` over every rank's trajectories; returns
+    this rank's scored samples, in the order compute_advantages would give them."""
+    local = list(trajectories)
+    if num_processes(accelerator) == 1:
+        return compute_advantages(local, norm_by_std=norm_by_std, empty_penalty=empty_penalty, eps=eps,
+                                  roles=roles, content_free_ids=content_free_ids)
+    summary = [_TrajectoryMeta(reward=float(t.reward), samples=tuple(
+        _SampleMeta(s.group_id, s.role, () if is_empty_generation(s, content_free_ids) else (-1,))
+        for s in t.samples)) for t in local]
+    per_rank: list[list[_TrajectoryMeta]] = gather_objects(accelerator, [summary])
+    rank = process_index(accelerator)
+    offset = sum(len(t.samples) for r in per_rank[:rank] for t in r)
+    union = [t for r in per_rank for t in r]
+    scored = compute_advantages(union, norm_by_std=norm_by_std, empty_penalty=empty_penalty, eps=eps)  # type: ignore[arg-type]
+    mine = [s for t in local for s in t.samples]
+    out: list[ScoredSample] = []
+    for sample, g in zip(mine, scored[offset : offset + len(mine)]):
+        if roles is not None and sample.role not in roles:
+            continue
+        out.append(ScoredSample(sample=sample, advantage=g.advantage, reward=g.reward))
+    return out
+
+
+# ---------------------------------------------------------------------------- the update
+
+
+def _reduce_sum(accelerator: Any, values: Sequence[float]) -> list[float]:
+    t = torch.tensor(list(values), dtype=torch.float64, device=accelerator.device)
+    return [float(v) for v in accelerator.reduce(t, reduction="sum").tolist()]
+
+
+def _reduce_max(accelerator: Any, value: int) -> int:
+    t = torch.tensor([value], dtype=torch.long, device=accelerator.device)
+    return int(accelerator.gather(t).max())
+
+
+def _padding_sample(pad_id: int, role: Role) -> ScoredSample:
+    """A one-token sample whose loss is multiplied by 0: it only makes a rank take part in a
+    forward/backward (and so in the gradient collectives) when it has no micro-batch left."""
+    s = TurnSample(role=role, group_id="__envace_pad__", trajectory_index=0, turn=0, prompt_ids=[pad_id],
+                   gen_ids=[pad_id], logprobs=[0.0])
+    return ScoredSample(sample=s, advantage=0.0, reward=0.0)
+
+
+def _is_ddp(model: nn.Module) -> bool:
+    return isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+def _set_sync(accelerator: Any, value: bool) -> None:
+    """accelerate's sync flag: under DeepSpeed it marks the gradient-accumulation boundary."""
+    try:
+        accelerator.sync_gradients = value
+    except AttributeError:  # older accelerate: no setter
+        accelerator.gradient_state._set_sync_gradients(value)
+
+
+def distributed_compute_gradients(accelerator: Any, du: DistributedUpdater, scored: Sequence[ScoredSample]
+                                  ) -> dict[str, float]:
+    """Accumulate this step's global-batch gradient over every rank's micro-batches (the
+    distributed counterpart of GRPOUpdater.compute_gradients). Returns this rank's stats plus
+    ``_micro_batches`` (the global maximum: 0 means no rank had anything to learn from)."""
+    up, cfg = du.updater, du.updater.config
+    world = num_processes(accelerator)
+    du.optimizer.zero_grad(set_to_none=True)
+    batch = up.select(scored)
+    local_norm = role_normalizers(batch, cfg.agg)
+    totals = _reduce_sum(accelerator, [local_norm[r] for r in ROLES])
+    # DDP / FSDP average gradients over ranks: scale the per-rank denominators by 1/N so the
+    # average is the gradient of (sum of every rank's token losses) / (global count).
+    normalizers = {r: totals[i] / world for i, r in enumerate(ROLES)}
+    skipped = 0
+    if cfg.skip_zero_advantage and up.ref_model is None:
+        kept = [s for s in batch if s.advantage != 0.0]
+        skipped = len(batch) - len(kept)
+        batch = kept
+    micro = split_micro_batches(batch, cfg.micro_batch_tokens) if batch else []
+    steps = _reduce_max(accelerator, len(micro))
+    parts: list[dict[str, float]] = []
+    pad_role: Role = next((r for r in ROLES if cfg.role_weights()[r] != 0.0), "caller")
+    ddp = _is_ddp(du.model)
+    try:
+        for i in range(steps):
+            real = i < len(micro)
+            mb = micro[i] if real else [_padding_sample(cfg.pad_id, pad_role)]
+            last = i == steps - 1
+            _set_sync(accelerator, last)
+            context = accelerator.no_sync(du.model) if (ddp and not last) else contextlib.nullcontext()
+            with context:
+                loss, stats = grpo_loss(
+                    du.model, mb, clip=cfg.clip, clip_high=cfg.clip_high, agg=cfg.agg, kl_coef=cfg.kl_coef,
+                    ref_model=up.ref_model, caller_weight=cfg.caller_weight, simulator_weight=cfg.simulator_weight,
+                    temperature=cfg.temperature, normalizers=normalizers, pad_id=cfg.pad_id,
+                    with_entropy=cfg.with_entropy)
+                accelerator.backward(loss if real else loss * 0.0)
+            if real:
+                parts.append(stats)
+    finally:
+        _set_sync(accelerator, True)
+    out = merge_loss_stats(parts) if parts else {"loss": 0.0, "tokens": 0.0}
+    out["micro_batches"] = float(len(micro))
+    out["padding_frac"] = padding_fraction(micro)
+    out["skipped_zero_adv"] = float(skipped)
+    out["_micro_batches"] = float(steps)
+    return out
+
+
+def distributed_step(accelerator: Any, du: DistributedUpdater, scored: Sequence[ScoredSample]) -> dict[str, float]:
+    """``ppo_epochs`` x (accumulate over all ranks, clip, step): GRPOUpdater.step on N processes.
+    Returns stats merged over ranks (see :func:`merge_rank_stats`)."""
+    cfg = du.updater.config
+    stats: dict[str, float] = {}
+    steps = 0
+    grad_norm: float | None = None
+    for _ in range(cfg.ppo_epochs):
+        stats = distributed_compute_gradients(accelerator, du, scored)
+        if not stats.pop("_micro_batches"):
+            break  # no rank has a sample to learn from: no step, as in the single process
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+        norm = accelerator.clip_grad_norm_(list(du.model.parameters()), max_norm)
+        grad_norm = None if norm is None else float(norm)
+        du.optimizer.step()
+        if du.updater.scheduler is not None:
+            du.updater.scheduler.step()
+        du.optimizer.zero_grad(set_to_none=True)
+        steps += 1
+    stats.pop("_micro_batches", None)
+    merged = merge_rank_stats(gather_objects(accelerator, [stats]))
+    if grad_norm is not None:
+        merged["grad_norm"] = grad_norm  # identical on every rank (gradients are synchronised)
+    merged["optimizer_steps"] = float(steps)
+    merged["lr"] = float(du.updater.optimizer.param_groups[0]["lr"])
+    merged["processes"] = float(num_processes(accelerator))
+    return merged
+
+
+_MEAN_PREFIX = ("loss",)  # each rank's loss is its share x N: the global loss is their mean
+_SUM_PREFIX = ("tokens", "samples", "skipped_zero_adv")
+_TOKEN_WEIGHTED = ("clip_frac", "ratio_mean", "entropy", "kl")
+
+
+def merge_rank_stats(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Combine the ranks' stats into the values one process would report on the global batch."""
+    if not per_rank:
+        return {}
+    n = len(per_rank)
+    out: dict[str, float] = {}
+    for key in sorted({k for s in per_rank for k in s}):
+        values = [(s.get(key, 0.0), s.get("tokens", 0.0)) for s in per_rank]
+        head = key.split("/")[0]
+        if head in _MEAN_PREFIX:
+            out[key] = sum(v for v, _ in values) / n
+        elif head in _SUM_PREFIX:
+            out[key] = sum(v for v, _ in values)
+        elif key == "ratio_max" or key == "micro_batches":
+            out[key] = max(v for v, _ in values)
+        elif key in _TOKEN_WEIGHTED:
+            present = [(s[key], s.get("tokens", 0.0)) for s in per_rank if key in s]
+            weight = sum(w for _, w in present)
+            out[key] = sum(v * w for v, w in present) / weight if weight else 0.0
+        else:  # padding_frac and anything else: the mean over ranks
+            out[key] = sum(v for v, _ in values) / n
+    return out
+
+
+def distributed_update(
+    accelerator: Any | None,
+    spec: ModeSpec,
+    updaters: Mapping[str, GRPOUpdater] | Mapping[str, DistributedUpdater],
+    scored_local: Sequence[ScoredSample],
+) -> dict[str, float]:
+    """Step every trained model of ``spec`` on the global batch (this rank holds
+    ``scored_local``); stats keys are prefixed ``<model>/`` as in update_for_mode.
+
+    With no accelerator (or plain GRPOUpdaters) this *is* ``update_for_mode``. Every rank must
+    call it at the same point of the step, with the same ``spec`` and updater keys.
+    """
+    if accelerator is None or all(isinstance(u, GRPOUpdater) for u in updaters.values()):
+        if num_processes(accelerator) > 1:
+            raise ValueError("distributed_update on several processes needs prepare_updaters(accelerator, ...) first")
+        return update_for_mode(spec, {k: _plain(u) for k, u in updaters.items()}, scored_local)
+    stats: dict[str, float] = {}
+    for key, samples in spec.split_by_model(scored_local).items():
+        du = updaters[key]
+        if not isinstance(du, DistributedUpdater):
+            raise TypeError(f"updater {key!r} was not prepared: call prepare_updaters(accelerator, updaters)")
+        for name, value in distributed_step(accelerator, du, samples).items():
+            stats[f"{key}/{name}"] = value
+    return stats
+
+
+def _plain(u: GRPOUpdater | DistributedUpdater) -> GRPOUpdater:
+    return u.updater if isinstance(u, DistributedUpdater) else u
