@@ -109,3 +109,18 @@ def test_advantage_stats():
     assert stats["samples/caller"] == 6 and stats["samples/simulator"] == 2
     assert stats["reward/simulator"] == pytest.approx(0.5)
     assert stats["adv_zero_frac/caller"] == 0.0
+
+
+def test_format_bonus_rewards_parsable_simulator_turns_only():
+    from envace.core.types import Message, Trajectory, TurnSample
+    from envace.train.advantages import compute_advantages
+
+    def sample(role, ok):
+        return TurnSample(role=role, group_id="g", trajectory_index=0, turn=0, prompt_ids=[1], gen_ids=[5],
+                          logprobs=[-1.0], format_ok=ok)
+
+    traj = Trajectory(task_id="g", source="rehearsal", messages=[Message(role="user", content="x")], reward=0.5,
+                      samples=[sample("simulator", True), sample("simulator", False), sample("caller", None)])
+    scored = compute_advantages([traj], format_bonus=0.2)
+    assert [s.reward for s in scored] == [0.7, 0.5, 0.5]
+    assert [round(s.advantage, 6) for s in scored] == [0.1, -0.1, 0.0]

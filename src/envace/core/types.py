@@ -116,6 +116,7 @@ class TurnSample(_Strict):
     gen_ids: list[int]
     logprobs: list[float]
     finish: Literal["stop", "length"] = "stop"
+    format_ok: bool | None = None  # simulator turns: the output parsed as JSON inside the tags
 
 
 class Verdict(_Strict):

@@ -64,6 +64,7 @@ class SFTConfig(_Section):
     lr: float = Field(2e-4, gt=0)
     micro_batch_tokens: int = Field(4096, ge=64)
     roles: list[Literal["caller", "simulator"]] = Field(default_factory=lambda: ["caller", "simulator"])
+    init_from: str | None = Field(None, description="reuse the warm start of an earlier run: its <run>/sft dir")
 
 
 class EvalConfig(_Section):

@@ -87,7 +87,7 @@ def condition_markdown(table: list[dict]) -> list[str]:
     return lines
 
 
-FID_COLUMNS = ("n", "format_ok", "structure", "value", "field_accuracy", "exact", "error_agree", "code_match")
+FID_COLUMNS = ("n", "format_ok", "parsed", "structure", "value", "field_accuracy", "exact", "error_agree", "code_match")
 
 
 def fidelity_markdown(rows: list[dict], keys: tuple[str, ...]) -> list[str]:
@@ -153,7 +153,7 @@ def plot_fidelity(world_rows: list[dict], tool_rows: list[dict], path: Path) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = ("format_ok", "structure", "value", "exact", "error_agree")
+    metrics = ("format_ok", "parsed", "structure", "value", "exact", "error_agree")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, max(4, 0.28 * len(tool_rows) + 1.5)),
                                    gridspec_kw={"width_ratios": [1, 1.3]})
     labels = [f"{r['world']} ({r['origin']})" for r in world_rows]
@@ -218,7 +218,7 @@ def write_eval_report(run: RunDir) -> Path:
         by_tool = summarize_fidelity(fidelity, ("origin", "world", "tool"))
         lines += ["## World-model fidelity", "",
                   "Each real tool response of real trajectories is rehearsed by the model from the same history "
-                  "(greedy) and compared: `format_ok` JSON in the tags; `structure` same key sets recursively; "
+                  "(greedy) and compared: `format_ok` JSON in the `<execution_result>` tags (strict); `parsed` a JSON value could be read (the content metrics read the first JSON value of a response that broke the tags); `structure` same key sets recursively; "
                   "`value` same ids/amounts/counts/status fields (keys `id`/`*_id`, or with a word amount, price, "
                   "total, subtotal, balance, refund, count, status); `field_accuracy` per field; `exact` same JSON; "
                   "`error_agree` error vs success agrees; `code_match` same error code when both err. Origin "

@@ -79,6 +79,15 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list[Task], cfg
 def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: RunDir, log) -> None:
     if not cfg.sft.enabled:
         return
+    if cfg.sft.init_from:
+        # Same start for several runs (e.g. the three sources compared): train it once.
+        src = Path(cfg.sft.init_from)
+        if not src.exists():
+            raise FileNotFoundError(f"sft.init_from: {src} does not exist")
+        load_checkpoint(src, policy, restore_rng=False)
+        save_checkpoint(run.path / SFT_DIR, policy, step=0, keep_last=1)
+        log(f"SFT warm start loaded from {src}")
+        return
     pool = train_tasks(cfg)
     tasks = random.Random(cfg.seed).sample(pool, min(cfg.sft.trajectories, len(pool)))
     samples = oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles)
@@ -167,8 +176,6 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if cfg.source == "simulator":
         sim_model = st.start_model if cfg.sim_model is None else load_policy(cfg.sim_model, cfg.lora.model_copy(update={"enabled": False}))[0]
     sim_backend = TransformersBackend(sim_model, tok, max_batch=gen.max_batch)
-    # Rehearsal uses the simulator-role model (the policy itself in share mode).
-    source = make_source(cfg.source, sim_backend, gen, cfg.seed, simulator=sim_backend)
 
     def do_eval(step: int) -> dict[str, float]:
         metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg)
@@ -183,12 +190,15 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     for step in range(st.start_step + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         tasks = step_tasks(pool, cfg, step)
-        actor = make_actor(caller_backend, gen, cfg.seed * 10_007 + step)
+        step_seed = cfg.seed * 10_007 + step  # rollouts depend on (seed, step) only: resumable
+        actor = make_actor(caller_backend, gen, step_seed)
+        # Rehearsal uses the simulator-role model (the policy itself in share mode).
+        source = make_source(cfg.source, sim_backend, gen, step_seed, simulator=sim_backend)
         trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
                                                                          max_turns=cfg.rollout.max_turns))
         t_roll = time.perf_counter() - t0
         scored = compute_advantages(trajs, norm_by_std=cfg.grpo.norm_by_std, empty_penalty=cfg.grpo.empty_penalty,
-                                    content_free_ids=eos_ids)
+                                    content_free_ids=eos_ids, format_bonus=cfg.grpo.sim_format_reward)
         ustats = update_for_mode(models.spec, st.updaters, scored)
         t_total = time.perf_counter() - t0
         row: dict[str, Any] = {"phase": "train", "step": step, "reward": sum(t.reward for t in trajs) / len(trajs),

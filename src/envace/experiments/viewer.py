@@ -144,7 +144,7 @@ def _committed_section(committed: list[dict], rehearsals: list[dict]) -> str:
 def _fidelity_section(fidelity: list[dict]) -> str:
     parts = [f"<h2>World-model fidelity: rehearsed vs real ({len(fidelity)} responses)</h2>", "<table>",
              "<tr><th>world / task</th><th>origin</th><th>call</th><th>real response</th><th>rehearsed response</th>"
-             "<th>format</th><th>structure</th><th>value</th><th>exact</th><th>error agrees</th></tr>"]
+             "<th>format</th><th>parsed</th><th>structure</th><th>value</th><th>exact</th><th>error agrees</th></tr>"]
     for p in fidelity[:MAX_FIDELITY_ROWS]:
         m = p.get("match", {})
         call = f"{p.get('tool')} {json.dumps(p.get('arguments', {}), ensure_ascii=False)}"
@@ -152,7 +152,7 @@ def _fidelity_section(fidelity: list[dict]) -> str:
             f"<tr><td>{esc(p.get('world', ''))}<br>{esc(p.get('task_id', ''))}</td><td>{esc(p.get('origin', ''))}</td>"
             f"<td><pre>{esc(call)}</pre></td><td><pre>{esc(p.get('real', ''))}</pre></td>"
             f"<td><pre>{esc(p.get('rehearsed', ''))}</pre></td>"
-            + "".join(f"<td>{_mark(m.get(k))}</td>" for k in ("format_ok", "structure", "value", "exact", "error_agree"))
+            + "".join(f"<td>{_mark(m.get(k))}</td>" for k in ("format_ok", "parsed", "structure", "value", "exact", "error_agree"))
             + "</tr>")
     parts.append("</table>")
     if len(fidelity) > MAX_FIDELITY_ROWS:

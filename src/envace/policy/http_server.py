@@ -53,8 +53,7 @@ class OpenAIServer:
         self.default_max_tokens = default_max_tokens
         self._generate_lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.httpd = ThreadingHTTPServer((host, port), _make_handler(self))
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _make_handler(self))
 
     @property
     def host(self) -> str:
@@ -282,6 +281,14 @@ class OpenAIServer:
             pos += len(tok.decode([t], skip_special_tokens=True, clean_up_tokenization_spaces=False))
         return {"tokens": tokens, "token_logprobs": list(gen.logprobs),
                 "top_logprobs": [{tk: lp} for tk, lp in zip(tokens, gen.logprobs)], "text_offset": offsets}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up (timeout, Ctrl-C) leaves a broken pipe behind: log, don't print.
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
 def _content_text(content: Any) -> str:

@@ -145,9 +145,6 @@ def generation_from_output(output: Any, params: SamplingParams, tokenizer: Any,
 
 # ---------------------------------------------------------------------------- state dict for vLLM
 
-_WRAPPER_PARTS = ("module.", "_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
-
-
 def clean_param_name(name: str) -> str:
     """Strip wrapper prefixes (DDP ``module.``, torch.compile ``_orig_mod.``, FSDP and activation
     checkpointing wrappers) and peft's ``base_model.model.`` so names match the HF checkpoint."""
@@ -188,7 +185,7 @@ def vllm_state_dict(model: "nn.Module") -> dict[str, "torch.Tensor"]:
         import copy
 
         merged = copy.deepcopy(model).merge_and_unload()
-        return {clean_param_name(k): _full(v) for k, v in merged.state_dict().items()}
+        return _drop_tied({clean_param_name(k): _full(v) for k, v in merged.state_dict().items()})
     state = dict(model.state_dict())
     if layers:
         import torch
@@ -254,6 +251,21 @@ def _rename_for_vllm(state: Mapping[str, "torch.Tensor"], adapters: set[str]) ->
             continue
         out[name.replace(".base_layer.", ".")] = _full(value)
     out.update(saved)
+    return _drop_tied(out)
+
+
+def _drop_tied(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+    """Keep one name per shared tensor (tied embeddings: ``lm_head.weight`` is
+    ``embed_tokens.weight``), as ``save_pretrained`` does; vLLM re-ties them itself."""
+    seen: set[tuple[int, tuple[int, ...], str]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        key = (t.data_ptr(), tuple(t.shape), str(t.dtype)) if t.numel() else None
+        if key is not None and key in seen:
+            continue
+        if key is not None:
+            seen.add(key)
+        out[name] = t
     return out
 
 

@@ -104,7 +104,7 @@ class ModelSource:
             if self.record_samples:
                 sample = TurnSample(role="simulator", group_id=r.task.id, trajectory_index=r.trajectory_index,
                                     turn=r.turn, prompt_ids=p, gen_ids=list(g.token_ids),
-                                    logprobs=list(g.logprobs), finish=g.finish)
+                                    logprobs=list(g.logprobs), finish=g.finish, format_ok=parsed.ok)
             out.append(ToolResponse(text=parsed.text, rehearsed=True, format_ok=parsed.ok, sample=sample,
                                     gen_seconds=per, extra={"gen_tokens": len(g.token_ids)}))
         return out

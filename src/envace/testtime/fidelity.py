@@ -5,7 +5,9 @@ real world), the model rehearses the response given the same history — the sim
 the same earlier calls and the real results they got — greedily, and the rehearsed response is
 compared with what the real world returned:
 
-* ``format_ok`` — the rehearsal is JSON inside ``<execution_result>`` tags;
+* ``format_ok`` — the rehearsal is JSON inside ``<execution_result>`` tags; ``parsed`` — a JSON
+  value can be read from it (strictly, or the first JSON value of a response that broke the tag
+  format: the content metrics below use it, so format and content are measured apart);
 * ``exact`` — the same JSON value (``1`` and ``1.0`` equal; ``true`` and ``1`` not);
 * ``structure`` — the same key sets, recursively (list elements compared by shape; an empty list
   matches any list; scalar types are not compared);
@@ -44,6 +46,22 @@ def _load(text: str) -> tuple[bool, Any]:
         return False, None
 
 
+def first_json(text: str) -> tuple[bool, Any]:
+    """The JSON value that starts at the first ``{`` or ``[`` of ``text`` (what a model that
+    skipped or mangled the result tags still meant), or (False, None)."""
+    ok, value = _load(text)
+    if ok:
+        return ok, value
+    starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
+    if not starts:
+        return False, None
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text, min(starts))
+    except json.JSONDecodeError:
+        return False, None
+    return True, value
+
+
 def json_equal(a: Any, b: Any) -> bool:
     """JSON value equality: numbers by value, but booleans are not numbers."""
     if isinstance(a, bool) or isinstance(b, bool):
@@ -69,7 +87,8 @@ def same_structure(a: Any, b: Any) -> bool:
 
 
 class ResponseMatch(BaseModel):
-    format_ok: bool
+    format_ok: bool  # strict: JSON inside <execution_result> tags, as the rollout engine parses it
+    parsed: bool = True  # a JSON value could be read (strictly, or leniently: see compare_responses)
     exact: bool
     structure: bool
     value: bool | None = None  # None: the real response has no field that matters
@@ -81,20 +100,31 @@ class ResponseMatch(BaseModel):
     code_match: bool | None = None  # None unless both are errors
 
 
-def compare_responses(real: Any, rehearsed_text: str, format_ok: bool = True) -> ResponseMatch:
-    """Compare the real response (a JSON value) with a rehearsed one (its text)."""
-    ok, value = _load(rehearsed_text) if format_ok else (False, None)
+def compare_responses(real: Any, rehearsed_text: str, format_ok: bool = True, lenient: bool = True
+                      ) -> ResponseMatch:
+    """Compare the real response (a JSON value) with a rehearsed one (its text).
+
+    ``format_ok`` says whether the rehearsal kept the strict format. With ``lenient`` the content
+    metrics still read the first JSON value of a rehearsal that broke the format (an untrained
+    model often writes the right JSON in the wrong tags), so format and content are measured
+    apart; without it, a format failure fails every metric.
+    """
+    if format_ok:
+        ok, value = _load(rehearsed_text)
+    else:
+        ok, value = first_json(rehearsed_text) if lenient else (False, None)
     real_fields = important_fields(real)
     total = sum(real_fields.values())
     real_err = is_error(real)
     if not ok:
-        return ResponseMatch(format_ok=False, exact=False, structure=False, value=False if total else None,
+        return ResponseMatch(format_ok=False, parsed=False, exact=False, structure=False,
+                             value=False if total else None,
                              fields_total=total, fields_matched=0, real_error=real_err, rehearsed_error=False,
                              error_agree=False, code_match=None)
     reh_fields = important_fields(value)
     reh_err = is_error(value)
     return ResponseMatch(
-        format_ok=True, exact=json_equal(real, value), structure=same_structure(real, value),
+        format_ok=format_ok, parsed=True, exact=json_equal(real, value), structure=same_structure(real, value),
         value=(real_fields == reh_fields) if total else None, fields_total=total,
         fields_matched=sum((real_fields & reh_fields).values()), real_error=real_err, rehearsed_error=reh_err,
         error_agree=real_err == reh_err,
@@ -218,7 +248,7 @@ def measure_fidelity(tasks: list[Task], cases: list[FidelityCase], simulator: Re
     return out
 
 
-METRICS = ("format_ok", "exact", "structure", "value", "error_agree")
+METRICS = ("format_ok", "parsed", "exact", "structure", "value", "error_agree")
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -243,6 +273,7 @@ def summarize_fidelity(pairs: Iterable[FidelityPair | dict[str, Any]], by: tuple
         row.update({
             "n": len(ps),
             "format_ok": _mean([m.format_ok for m in ms]),
+            "parsed": _mean([m.parsed for m in ms]),
             "exact": _mean([m.exact for m in ms]),
             "structure": _mean([m.structure for m in ms]),
             "value": _mean(valued), "value_n": len(valued),

@@ -130,7 +130,8 @@ def rule_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
                 worked_fields.setdefault(key, field_summary(value))
             if key not in order:
                 order.append(key)
-    answers = Counter(_clip(t.final_answer, 160) for t in attempts
+    # Latest attempt first, so that a tie goes to the latest answer (a sequential revision).
+    answers = Counter(_clip(t.final_answer, 160) for t in reversed(attempts)
                       if t.stop_reason == "final_answer" and t.final_answer.strip())
     n = len(attempts)
 
@@ -145,7 +146,7 @@ def rule_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
             extra = worked_fields.get(k, "")
             work_lines.append(counted(k + (f" -> {extra}" if extra else ""), worked[k]))
     if answers:
-        best, count = answers.most_common(1)[0]  # ties: the first answer reached
+        best, count = answers.most_common(1)[0]
         answer_line = [f'Answer reached ({count}/{n}): "{best}"']
     else:
         answer_line = ["No attempt reached a final answer."]

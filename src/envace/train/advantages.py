@@ -56,6 +56,7 @@ def compute_advantages(
     eps: float = 1e-6,
     roles: Collection[Role] | None = None,
     content_free_ids: Collection[int] = (),
+    format_bonus: float = 0.0,
 ) -> list[ScoredSample]:
     """Score every turn-sample of ``trajectories``; output order = input order of samples.
 
@@ -65,11 +66,16 @@ def compute_advantages(
     in the output (a frozen role's samples need no forward pass); pools are unaffected by it.
     ``content_free_ids``: token ids that do not count as content for the empty penalty
     (pass the EOS id if the policy keeps it in ``gen_ids``).
+    ``format_bonus``: added to a simulator sample's reward when its output parsed as JSON in the
+    tags (``TurnSample.format_ok``), before centring: the optional simulator format term.
     """
     scored: list[tuple[TurnSample, float]] = []
     for traj in trajectories:
         for s in traj.samples:
-            scored.append((s, sample_reward(s, traj.reward, empty_penalty, content_free_ids)))
+            r = sample_reward(s, traj.reward, empty_penalty, content_free_ids)
+            if format_bonus and s.role == "simulator" and s.format_ok:
+                r += format_bonus
+            scored.append((s, r))
 
     pools: dict[tuple[str, Role], list[float]] = defaultdict(list)
     for s, r in scored:

@@ -1,0 +1,122 @@
+"""BFCL-v4 adapter: our scoring agrees with BFCL's own checkers on ground truth and wrong answers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytest.importorskip("bfcl_eval", reason="BFCL tests need the bench extra: pip install --no-deps bfcl-eval==2026.3.23")
+
+from envace.benchmarks import bfcl  # noqa: E402
+from envace.benchmarks.base import BenchEpisode  # noqa: E402
+from envace.core.types import ToolCall  # noqa: E402
+from envace.experiments.bench_runner import BenchRealSource, ScriptedUser, run_bench_episodes  # noqa: E402
+
+from .helpers import ReplayActor  # noqa: E402
+
+ADAPTER = bfcl.BFCLAdapter()
+
+
+def test_tool_schema_conversion() -> None:
+    doc = {"name": "math.factorial", "description": "d", "parameters": {"type": "dict", "properties": {
+        "x": {"type": "float", "description": "x"}, "o": {"type": "dict", "properties": {"k": {"type": "tuple",
+                                                                                                "items": {"type": "integer"}}}}},
+        "required": ["x"]}}
+    spec = bfcl.to_tool_spec(doc)
+    assert spec.name == "math_factorial"
+    p = spec.function.parameters
+    assert p["type"] == "object" and p["properties"]["x"]["type"] == "number"
+    assert p["properties"]["o"]["type"] == "object"
+    assert p["properties"]["o"]["properties"]["k"] == {"type": "array", "items": {"type": "integer"}}
+
+
+def _direct_ast(item, calls) -> bool:
+    """BFCL's own AST checker called directly on its decoded-output format."""
+    checker = bfcl._ast_checker()
+    out = [{c.name: c.arguments} for c in calls]
+    r = checker.ast_checker(item.raw["entry"]["function"], out, item.raw["answer"]["ground_truth"],
+                            bfcl._language(item.category), item.category, bfcl.MODEL_NAME)
+    return bool(r["valid"])
+
+
+@pytest.mark.parametrize("category", ["simple_python", "multiple", "parallel", "parallel_multiple", "live_simple",
+                                      "live_multiple"])
+def test_ast_agrees_with_bfcl_checker(category: str) -> None:
+    items = ADAPTER.load(category, limit=4)
+    for item in items:
+        (gt,) = bfcl.ground_truth_turns(item)[0]
+        ours = ADAPTER.score(item, BenchEpisode(item_id=item.id, turns=[[gt]])).valid
+        assert ours == _direct_ast(item, gt) is True, item.id
+        wrong = [ToolCall(name=gt[0].name + "_x", arguments=gt[0].arguments), *gt[1:]]
+        assert ADAPTER.score(item, BenchEpisode(item_id=item.id, turns=[[wrong]])).valid is _direct_ast(item, wrong) is False
+        missing = [ToolCall(name=c.name, arguments={}) for c in gt]
+        assert ADAPTER.score(item, BenchEpisode(item_id=item.id, turns=[[missing]])).valid is _direct_ast(item, missing)
+
+
+def test_irrelevance_and_relevance_rules() -> None:
+    irr = ADAPTER.load("irrelevance", limit=2)[0]
+    call = ToolCall(name=irr.task.tools[0].name, arguments={})
+    assert ADAPTER.score(irr, BenchEpisode(item_id=irr.id, turns=[[[]]])).valid
+    assert not ADAPTER.score(irr, BenchEpisode(item_id=irr.id, turns=[[[call]]])).valid
+    rel = ADAPTER.load("live_relevance", limit=1)[0]
+    call = ToolCall(name=rel.task.tools[0].name, arguments={})
+    assert ADAPTER.score(rel, BenchEpisode(item_id=rel.id, turns=[[[call]]])).valid
+    assert not ADAPTER.score(rel, BenchEpisode(item_id=rel.id, turns=[[[]]])).valid
+
+
+@pytest.mark.parametrize("category", ["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param"])
+def test_multi_turn_ground_truth_through_our_loop(category: str) -> None:
+    """Ground truth replayed by an actor through our episode loop against BFCLWorld (the real
+    source) is valid for BFCL's multi-turn checker; so is the same ground truth fed directly.
+    Dropping the last turn's calls makes both invalid."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    items = ADAPTER.load(category, limit=3)
+    plans = {i.id: bfcl.ground_truth_turns(i) for i in items}
+    results = run_bench_episodes(items, ReplayActor(plans), BenchRealSource(ADAPTER, items), ScriptedUser())
+    for (traj, episode, world), item in zip(results, items):
+        assert len(episode.turns) == len(item.raw["answer"]["ground_truth"])
+        assert world.calls, "the real source executed the calls"
+        assert ADAPTER.score(item, episode, world).valid, item.id
+        direct = multi_turn_checker([[turn] if turn else [] for turn in item.raw["answer"]["ground_truth"]],
+                                    item.raw["answer"]["ground_truth"], copy.deepcopy(item.raw["entry"]),
+                                    category, f"direct_{item.id}")
+        assert direct["valid"]
+        broken = [list(t) for t in episode.turns]
+        last = max(i for i, t in enumerate(broken) if any(t))
+        broken[last] = [[]]
+        bad = ADAPTER.score(item, BenchEpisode(item_id=item.id, turns=broken))
+        gt = item.raw["answer"]["ground_truth"]
+        direct_bad = multi_turn_checker([[t] if t and i != last else [] for i, t in enumerate(gt)], gt,
+                                        copy.deepcopy(item.raw["entry"]), category, f"directbad_{item.id}")
+        assert bad.valid is bool(direct_bad["valid"]) is False
+
+
+def test_world_never_raises_and_logs_calls() -> None:
+    item = ADAPTER.load("multi_turn_base", limit=1)[0]
+    world = ADAPTER.make_world(item)
+    assert world.call("no_such_tool", {})["error"]["code"] == "TOOL_NOT_AVAILABLE"
+    assert world.call("cd", {"bogus": 1})["error"]["code"] == "EXECUTION_ERROR"
+    assert "result" in world.call("pwd", {}) or world.calls[-1][1]
+    assert len(world.calls) == 3
+
+
+def test_overall_weights() -> None:
+    acc = {c: 1.0 for c in bfcl.RUNNABLE}
+    sizes = {c: 10 for c in bfcl.LIVE}
+    out = bfcl.overall(acc, sizes)
+    assert out["overall_runnable"] == pytest.approx(1.0)
+    assert out["overall_leaderboard"] == pytest.approx(0.6)  # agentic (40%) not run
+
+
+def test_bench_eval_writes_run_dir(tmp_path, tiny_backend) -> None:
+    from envace.experiments.bench_job import BenchJob, run_bench_job
+
+    job = BenchJob(bench="bfcl", categories=["multi_turn_base", "simple_python"], limit=2, max_steps=2,
+                   max_new_tokens=8, out=str(tmp_path), name="r", model="tiny")
+    run = run_bench_job(job, backend=tiny_backend)
+    assert len(run.trajectories()) == 4
+    assert (run.path / "scores.jsonl").read_text().count("\n") == 4
+    text = (run.path / "summary.md").read_text()
+    assert "acc/multi_turn_base" in text and "overall_runnable" in text

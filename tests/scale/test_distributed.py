@@ -1,0 +1,137 @@
+"""Multi-process GRPO through accelerate: 2 CPU processes on gloo take the same update as one
+process on the same global batch (tiny model), and the helpers around it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from scale_helpers import make_trajectories, make_updaters, tiny_models
+
+from envace.train import distributed as dist
+from envace.train.advantages import compute_advantages
+from envace.train.modes import ModeSpec
+from envace.train.step import update_for_mode
+
+HERE = Path(__file__).parent
+TIMEOUT_S = 240  # a loaded 2-core box imports torch + transformers twice in ~20 s; normally ~10 s
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_two(out: Path) -> list[subprocess.Popen]:
+    """The two ranks, started with the environment ``accelerate launch`` / torchrun give them
+    (RANK, WORLD_SIZE, MASTER_ADDR/PORT on loopback): no launcher process to import torch."""
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   HF_HUB_OFFLINE="1")
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "ddp_worker.py"), str(out)], env=env, cwd=HERE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
+    results = []
+    try:
+        for p in procs:
+            output, _ = p.communicate(timeout=TIMEOUT_S)
+            results.append((p.returncode, output[-4000:]))
+    finally:
+        for p in procs:  # never leave a rank behind, whatever happened
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    return results
+
+
+def test_two_processes_take_the_one_process_update(tmp_path):
+    procs = _launch_two(tmp_path)  # the ranks start while this process computes the reference
+    torch.set_num_threads(1)
+    caller, simulator, tok = tiny_models()
+    start = {"caller": {k: v.clone() for k, v in caller.state_dict().items()},
+             "simulator": {k: v.clone() for k, v in simulator.state_dict().items()}}
+    trajs = make_trajectories(caller, len(tok))
+    ref_stats = update_for_mode(ModeSpec.for_mode("noshare"), make_updaters(caller, simulator),
+                                compute_advantages(trajs))
+    ref = {"caller": caller.state_dict(), "simulator": simulator.state_dict()}
+    results = _wait(procs)
+    for rank, (code, output) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n{output}"
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert [r["local_samples"] for r in ranks] == [18, 6]  # uneven shards: tasks t0, t2 vs t1
+
+    for key in ("caller", "simulator"):
+        moved = max((ref[key][k] - start[key][k]).abs().max().item() for k in ref[key])
+        assert moved > 1e-4, f"{key}: the reference update did not move the weights"
+        for r in ranks:
+            for name, want in ref[key].items():
+                # Same update to float rounding (the SGD-trained caller's update is 0.5 x gradient:
+                # a wrongly normalised or unsynchronised gradient would be off by far more).
+                torch.testing.assert_close(r[key][name] - start[key][name], want - start[key][name],
+                                           rtol=1e-4, atol=1e-6, msg=f"{key} {name}")
+        for name in ref[key]:
+            assert torch.equal(ranks[0][key][name], ranks[1][key][name])  # the replicas agree exactly
+
+    stats = ranks[0]["stats"]
+    assert stats == ranks[1]["stats"]
+    for k in ("caller/loss", "caller/grad_norm", "simulator/loss", "caller/entropy", "simulator/ratio_mean"):
+        assert stats[k] == pytest.approx(ref_stats[k], rel=1e-4, abs=1e-6), k
+    for k in ("caller/tokens", "caller/samples/caller", "simulator/tokens", "caller/skipped_zero_adv",
+              "simulator/optimizer_steps", "caller/optimizer_steps"):
+        assert stats[k] == ref_stats[k], k
+    assert stats["caller/processes"] == 2.0
+
+
+def test_single_process_path_is_update_for_mode():
+    torch.set_num_threads(1)
+    a_caller, a_sim, tok = tiny_models()
+    b_caller, b_sim, _ = tiny_models()
+    trajs = make_trajectories(a_caller, len(tok))
+    spec = ModeSpec.for_mode("noshare")
+    assert dist.make_accelerator() is None  # not launched: no accelerate state at all
+    ups = dist.prepare_updaters(None, make_updaters(a_caller, a_sim))
+    got = dist.distributed_update(None, spec, ups, dist.compute_advantages_global(None, trajs))
+    want = update_for_mode(spec, make_updaters(b_caller, b_sim), compute_advantages(trajs))
+    assert got == want
+    for m, n in ((a_caller, b_caller), (a_sim, b_sim)):
+        assert all(torch.equal(x, y) for x, y in zip(m.state_dict().values(), n.state_dict().values()))
+
+
+def test_shards_seeds_and_stats_merge():
+    ranks = [SimpleNamespace(num_processes=3, process_index=r) for r in range(3)]
+    tasks = list("abcdefg")
+    shards = [dist.shard_tasks(tasks, a) for a in ranks]
+    assert shards == [["a", "d", "g"], ["b", "e"], ["c", "f"]]
+    assert sorted(t for s in shards for t in s) == tasks
+    assert dist.shard_tasks(tasks, None) == tasks
+    assert len({dist.rank_seed(5, a) for a in ranks}) == 3 and dist.rank_seed(5, ranks[0]) == 5
+    assert dist.rank_seed(None, ranks[1]) is None
+
+    merged = dist.merge_rank_stats([
+        {"loss": 0.4, "loss/caller": 0.4, "tokens": 10.0, "samples/caller": 2.0, "ratio_mean": 1.0, "ratio_max": 1.5,
+         "micro_batches": 3.0, "padding_frac": 0.2},
+        {"loss": 0.2, "loss/caller": 0.2, "tokens": 30.0, "samples/caller": 4.0, "ratio_mean": 2.0, "ratio_max": 1.2,
+         "micro_batches": 1.0, "padding_frac": 0.4}])
+    assert merged["loss"] == pytest.approx(0.3) and merged["loss/caller"] == pytest.approx(0.3)
+    assert merged["tokens"] == 40.0 and merged["samples/caller"] == 6.0
+    assert merged["ratio_mean"] == pytest.approx(1.75) and merged["ratio_max"] == 1.5
+    assert merged["micro_batches"] == 3.0 and merged["padding_frac"] == pytest.approx(0.3)
+
+
+def test_unprepared_updaters_are_refused_on_several_processes():
+    fake = SimpleNamespace(num_processes=2, process_index=0)
+    with pytest.raises(ValueError, match="prepare_updaters"):
+        dist.distributed_update(fake, ModeSpec.for_mode("share"), {}, [])
