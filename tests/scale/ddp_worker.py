@@ -33,8 +33,8 @@ def main(out_dir: str) -> int:
 
     # 1. Group advantages when a group's G trajectories sit on different ranks.
     split = trajs[rank::2]
-    got = dist.compute_advantages_global(accelerator, split, content_free_ids={0})
-    want_all = compute_advantages(trajs, content_free_ids={0})
+    got = dist.compute_advantages_global(accelerator, split, content_free_ids={0}, format_bonus=0.3, norm_by_std=True)
+    want_all = compute_advantages(trajs, content_free_ids={0}, format_bonus=0.3, norm_by_std=True)
     want = {(s.sample.group_id, s.sample.trajectory_index, s.sample.turn, s.sample.role): s for s in want_all}
     for s in got:
         ref = want[(s.sample.group_id, s.sample.trajectory_index, s.sample.turn, s.sample.role)]

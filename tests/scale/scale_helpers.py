@@ -20,9 +20,12 @@ REWARDS = {"t0": (1.0, 0.0), "t1": (0.25, 1.0), "t2": (0.5, 0.5)}
 
 
 def tiny_models():
-    """Two copies of the tiny Llama (caller, simulator) in train mode."""
+    """Two copies of the tiny Llama (caller, simulator) in train mode. The simulator's vocabulary
+    head is untied from its embeddings (as in Qwen3-8B), so the head has parameters of its own."""
     caller, tok = load_model("tiny")
     simulator, _ = load_model("tiny")
+    simulator.config.tie_word_embeddings = False
+    simulator.lm_head.weight = torch.nn.Parameter(simulator.lm_head.weight.detach().clone())
     return caller.train(), simulator.train(), tok
 
 
@@ -49,7 +52,8 @@ def make_trajectories(model, vocab: int, seed: int = 0) -> list[Trajectory]:
                     if role == "simulator" and turn == 1 and g == 0:
                         gen = [0]  # a content-free turn: exercises the empty penalty with content_free_ids
                     samples.append(TurnSample(role=role, group_id=task, trajectory_index=g, turn=turn,
-                                              prompt_ids=prompt, gen_ids=gen, logprobs=_logprobs(model, prompt, gen)))
+                                              prompt_ids=prompt, gen_ids=gen, logprobs=_logprobs(model, prompt, gen),
+                                              format_ok=(rng.random() < 0.5) if role == "simulator" else None))
             out.append(Trajectory(task_id=task, source="rehearsal", trajectory_index=g,
                                   messages=[Message(role="user", content=f"task {task}")], samples=samples,
                                   reward=REWARDS[task][g]))

@@ -29,36 +29,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch_two(out: Path) -> list[subprocess.Popen]:
-    """The two ranks, started with the environment ``accelerate launch`` / torchrun give them
-    (RANK, WORLD_SIZE, MASTER_ADDR/PORT on loopback): no launcher process to import torch."""
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   HF_HUB_OFFLINE="1")
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "ddp_worker.py"), str(out)], env=env, cwd=HERE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    return procs
+def _launch_two(out: Path) -> subprocess.Popen:
+    """The documented launcher: ``accelerate launch`` with 2 processes (on a machine without GPUs
+    accelerate runs them on CPU with the gloo backend), on a free loopback port."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()),
+           str(HERE / "ddp_worker.py"), str(out)]
+    # CPU and gloo on any machine (2 ranks on one GPU would be refused by NCCL).
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    return subprocess.Popen(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
-    results = []
+def _wait(proc: subprocess.Popen) -> tuple[int, str]:
     try:
-        for p in procs:
-            output, _ = p.communicate(timeout=TIMEOUT_S)
-            results.append((p.returncode, output[-4000:]))
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+        return proc.returncode, output[-6000:]
     finally:
-        for p in procs:  # never leave a rank behind, whatever happened
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    return results
+        if proc.poll() is None:  # timed out: end the launcher, which ends its ranks
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
 
 
 def test_two_processes_take_the_one_process_update(tmp_path):
-    procs = _launch_two(tmp_path)  # the ranks start while this process computes the reference
+    launcher = _launch_two(tmp_path)  # the ranks start while this process computes the reference
     torch.set_num_threads(1)
     caller, simulator, tok = tiny_models()
     start = {"caller": {k: v.clone() for k, v in caller.state_dict().items()},
@@ -67,11 +65,11 @@ def test_two_processes_take_the_one_process_update(tmp_path):
     ref_stats = update_for_mode(ModeSpec.for_mode("noshare"), make_updaters(caller, simulator),
                                 compute_advantages(trajs))
     ref = {"caller": caller.state_dict(), "simulator": simulator.state_dict()}
-    results = _wait(procs)
-    for rank, (code, output) in enumerate(results):
-        assert code == 0, f"rank {rank} exited {code}:\n{output}"
+    code, output = _wait(launcher)
+    assert code == 0, f"accelerate launch exited {code}:\n{output}"
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    assert [r["local_samples"] for r in ranks] == [18, 6]  # uneven shards: tasks t0, t2 vs t1
+    per_rank = [sum(len(t.samples) for t in trajs if t.task_id in tasks) for tasks in (("t0", "t2"), ("t1",))]
+    assert [r["local_samples"] for r in ranks] == per_rank  # uneven shards: tasks t0, t2 vs t1
 
     for key in ("caller", "simulator"):
         moved = max((ref[key][k] - start[key][k]).abs().max().item() for k in ref[key])
@@ -135,3 +133,4 @@ def test_unprepared_updaters_are_refused_on_several_processes():
     fake = SimpleNamespace(num_processes=2, process_index=0)
     with pytest.raises(ValueError, match="prepare_updaters"):
         dist.distributed_update(fake, ModeSpec.for_mode("share"), {}, [])
+

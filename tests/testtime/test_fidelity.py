@@ -2,7 +2,6 @@ import json
 
 import pytest
 
-from envace.envs.tasks import load_tasks
 from envace.rollout.actors import OracleActor
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import ModelSource, RealSource
@@ -17,7 +16,7 @@ from envace.testtime import (
     summarize_fidelity,
 )
 
-from testtime_helpers import ReplayWorldModel
+from testtime_helpers import ReplayWorldModel, few_tasks
 
 REAL = {"order_id": "o-17", "status": "cancelled", "refund": {"amount": "42.50", "method": "card"},
         "items": [{"product_id": "p-1", "quantity": 1}, {"product_id": "p-2", "quantity": 3}]}
@@ -104,7 +103,7 @@ def test_the_fields_rule():
 
 @pytest.fixture(scope="module")
 def oracle():
-    tasks = [t for w in ("shop", "calendar", "bank") for t in load_tasks(w, "test", limit=2)]
+    tasks = [t for w in ("shop", "calendar", "bank") for t in few_tasks(w, 2)]
     trajs, _ = run_episodes(tasks, OracleActor(), RealSource(), RolloutConfig(max_turns=8))
     return tasks, trajs
 

@@ -2,10 +2,9 @@ import json
 
 from envace.core.toolcall import format_tool_call
 from envace.core.types import ToolCall
-from envace.envs.tasks import load_tasks
 from envace.testtime.memory import ModelMemoryWriter, RuleMemoryWriter, rule_memory, summary_problem, transcript
 
-from testtime_helpers import traj_of
+from testtime_helpers import few_tasks, traj_of
 
 
 def call(name, **args):
@@ -36,6 +35,7 @@ def test_rule_memory_lists_failures_successes_and_answer():
     assert "note" not in ok_line and ok_line.endswith("(2x)")
     assert lines[-1] == 'Answer reached (2/3): "Cancelled, refund 42.50"'
     assert lines.index("Failed calls:") < lines.index("Calls that worked:")
+    assert "No tool was called" not in text
     assert rule_memory(_attempts()) == text  # deterministic
 
 
@@ -44,13 +44,13 @@ def test_rule_memory_budget_and_empty_cases():
     short = rule_memory(_attempts(), max_chars=120)
     assert len(short) <= 120 and short.startswith("3 imagined attempts.") and "Answer reached" in short
     none = rule_memory([traj_of("t", [], None)])
-    assert none == "1 imagined attempt.\nNo attempt reached a final answer."
-    [m] = RuleMemoryWriter().write([(load_tasks("shop", "test", limit=1)[0], [])])
+    assert none == "1 imagined attempt.\nNo tool was called in any attempt.\nNo attempt reached a final answer."
+    [m] = RuleMemoryWriter().write([(few_tasks("shop", 1)[0], [])])
     assert m.text == "" and m.source == "none"
 
 
 def test_summary_checks_reject_garbage_and_accept_a_real_summary():
-    task = load_tasks("shop", "test", limit=1)[0]
+    task = few_tasks("shop", 1)[0]
     atts = _attempts()
     assert summary_problem("", task, atts) == "empty summary"
     assert summary_problem("ok", task, atts) == "summary too short"
@@ -63,7 +63,7 @@ def test_summary_checks_reject_garbage_and_accept_a_real_summary():
 
 
 def test_model_writer_falls_back_to_rules_on_garbage(tiny_backend):
-    task = load_tasks("shop", "test", limit=1)[0]
+    task = few_tasks("shop", 1)[0]
     atts = _attempts()
     writer = ModelMemoryWriter(tiny_backend, max_new_tokens=12)
     [m, empty] = writer.write([(task, atts), (task, [])])

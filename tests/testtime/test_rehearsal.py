@@ -3,7 +3,6 @@ import json
 import pytest
 
 from envace.core.prompts import MEMORY_HEADER, PromptStyle, render_caller_prompt
-from envace.envs.tasks import load_tasks
 from envace.rollout.actors import OracleActor, PolicyActor
 from envace.rollout.sources import ModelSource, RealSource
 from envace.testtime import (
@@ -18,7 +17,7 @@ from envace.testtime import (
     run_private_rehearsal,
 )
 
-from testtime_helpers import AttemptActor
+from testtime_helpers import AttemptActor, few_tasks
 
 
 def sim(backend, **kw):
@@ -28,7 +27,7 @@ def sim(backend, **kw):
 
 @pytest.fixture(scope="module")
 def tasks():
-    return load_tasks("shop", "test", limit=2) + load_tasks("bank", "test", limit=1)
+    return few_tasks("shop", 2) + few_tasks("bank", 1)
 
 
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])

@@ -66,3 +66,11 @@ def traj_of(task_id: str, steps: list[tuple[str, list[str]]], final: str | None,
         msgs.append(Message(role="assistant", content=final))
         stop = "final_answer"
     return Trajectory(task_id=task_id, source=source, messages=msgs, stop_reason=stop)
+
+
+def few_tasks(world: str, k: int, split: str = "test") -> list[Task]:
+    """The first ``k`` tasks of a split, generating only the first 40 of the suite (the same
+    tasks load_tasks gives: task i always has seed i and the same split)."""
+    from envace.envs.tasks import generate_tasks
+
+    return generate_tasks(world, n=40, split=split)[:k]

@@ -38,10 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96, help="per caller turn")
     p.add_argument("--sim-max-new-tokens", type=int, default=96, help="per rehearsed tool response in rehearsal")
     p.add_argument("--fidelity-max-new-tokens", type=int, default=256, help="per rehearsed response in --fidelity")
+    p.add_argument("--summary-max-new-tokens", type=int, default=96, help="per model-written rehearsal memory")
     p.add_argument("--rehearsal-temperature", type=float, default=0.7)
     p.add_argument("--temperature", type=float, default=0.0, help="committed run (0 = greedy)")
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--device", default="cpu", help="torch device of the model(s): cpu, cuda, cuda:1, ...")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs", help="parent folder of the run directory")
     p.add_argument("--name", default=None, help="run directory name (default eval-<time>-<id>)")
@@ -57,6 +59,7 @@ def _run(args: argparse.Namespace) -> int:
         fidelity=args.fidelity, fidelity_source=args.fidelity_source, fidelity_tasks=args.fidelity_tasks,
         error_probes=not args.no_error_probes, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
         sim_max_new_tokens=args.sim_max_new_tokens, fidelity_max_new_tokens=args.fidelity_max_new_tokens,
+        summary_max_new_tokens=args.summary_max_new_tokens, device=args.device,
         rehearsal_temperature=args.rehearsal_temperature, temperature=args.temperature, max_batch=args.max_batch,
         threads=args.threads, seed=args.seed, out=args.out, name=args.name)
     run_eval_job(job)

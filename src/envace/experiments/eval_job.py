@@ -78,6 +78,7 @@ class EvalJob:
     max_batch: int = 16
     seed: int = 0
     threads: int | None = None
+    device: str = "cpu"
     out: str = "runs"
     name: str | None = None
 
@@ -272,8 +273,8 @@ def run_eval_job(job: EvalJob, log=print) -> RunDir:
         import torch
 
         torch.set_num_threads(job.threads)
-    caller = load_eval_backend(models.caller, job.max_batch)
-    sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch)
+    caller = load_eval_backend(models.caller, job.max_batch, job.device)
+    sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch, job.device)
     run = RunDir.create(job.out, "eval", job_config(job, models, budget), seed=job.seed, name=job.name)
     log(f"run directory: {run.path}")
     parts = build_parts(job, caller, sim, models.style)

@@ -103,14 +103,15 @@ def resolve_eval_models(spec: str) -> EvalModels:
                      f"at its top or in policy/ or caller/{held}; it holds {entries}")
 
 
-def load_eval_backend(spec: str, max_batch: int = 16) -> Any:
+def load_eval_backend(spec: str, max_batch: int = 16, device: str = "cpu") -> Any:
     """Load a backend, turning any loading failure (a checkpoint that does not match its base,
     a corrupt file) into a one-line ValueError."""
+    from envace.policy.loading import ModelSpecError
     from envace.policy.transformers_backend import TransformersBackend
 
     try:
-        return TransformersBackend.from_spec(spec, max_batch=max_batch)
-    except (ValueError, FileNotFoundError):
+        return TransformersBackend.from_spec(spec, max_batch=max_batch, device=device)
+    except (ModelSpecError, FileNotFoundError):  # already name the spec and say what is accepted
         raise
     except Exception as e:  # noqa: BLE001 - peft/safetensors/torch raise many kinds
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

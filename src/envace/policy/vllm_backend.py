@@ -21,7 +21,7 @@ What it does, and what maps to what:
   sampled them (EOS included when the model stopped), text decoded with our tokenizer under
   the transformers backend's rules (no EOS, cut right after the first stop string).
 * Weight sync: :meth:`VLLMBackend.sync_weights` takes the trained module, builds the state dict
-  vLLM's loader expects (:func:`vllm_state_dict`: LoRA merged out of place, wrapper prefixes
+  vLLM's loader expects (:func:`vllm_weights`: LoRA merged out of place, wrapper prefixes
   removed) and calls the model's ``load_weights`` in the engine -- directly when the engine
   runs in this process (``distributed_executor_backend="external_launcher"``, the colocated
   setup, or ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), else through ``LLM.collective_rpc`` /
@@ -171,50 +171,73 @@ def _lora_layers(model: "nn.Module") -> dict[str, Any]:
 
 
 def vllm_state_dict(model: "nn.Module") -> dict[str, "torch.Tensor"]:
+    """:func:`vllm_weights` as a dict (every tensor materialised at once)."""
+    return dict(vllm_weights(model))
+
+
+def vllm_weights(model: "nn.Module") -> Iterator[tuple[str, "torch.Tensor"]]:
     """The model's weights under the names of its Hugging Face checkpoint (what vLLM's
-    ``load_weights`` takes), for a plain, wrapped (DDP, compiled, FSDP) or peft LoRA model.
+    ``load_weights`` takes), for a plain, wrapped (DDP, compiled, FSDP) or peft LoRA model,
+    yielded one at a time (so a sync in buckets never holds more than a bucket of gathered or
+    merged tensors).
 
     LoRA adapters are merged *out of place*: ``W + scaling * B @ A`` per active adapter, the
     trainer's weights untouched (merge-then-unmerge in place would drift them by rounding at
-    every sync); ``modules_to_save`` copies replace their originals. Unmerged LoRA variants
-    (DoRA, ...) fall back to ``merge_and_unload`` on a copy. Tensors that need no merge are the
-    model's own (no copy); under FSDP2 they are gathered to full tensors.
+    every sync); ``modules_to_save`` copies replace their originals. LoRA variants (DoRA, ...)
+    fall back to ``merge_and_unload`` on a copy. Tensors that need no merge are the model's own
+    (no copy); FSDP2 / DTensor shards are gathered to full tensors as they are yielded. A tensor
+    shared by two names (tied embeddings) is sent once, under its first name, as in a saved
+    checkpoint (vLLM re-ties it).
     """
     layers = _lora_layers(model)
     if any(getattr(m, "lora_variant", {}) for m in layers.values()):
         import copy
 
-        merged = copy.deepcopy(model).merge_and_unload()
-        return _drop_tied({clean_param_name(k): _full(v) for k, v in merged.state_dict().items()})
-    state = dict(model.state_dict())
-    if layers:
-        import torch
+        model, layers = copy.deepcopy(model).merge_and_unload(), {}
+    merges = {}
+    for name, layer in layers.items():
+        merges[f"{name}.base_layer.weight"] = (layer, "weight")
+        merges[f"{name}.base_layer.bias"] = (layer, "bias")
+    adapters = _active_adapter_names(layers)
+    seen: set[tuple[int, tuple[int, ...], str]] = set()
+    for key, value in model.state_dict().items():
+        if _LORA_SEGMENT.search(key):
+            continue  # adapter factors: merged into their base weights below
+        name = clean_param_name(key)
+        if ".original_module." in name:
+            continue  # replaced by its modules_to_save copy
+        saved = re.search(r"\.modules_to_save\.([^.]+)\.", name)
+        if saved:
+            if saved.group(1) not in adapters:
+                continue
+            name = name.replace(saved.group(0), ".")
+        local = getattr(value, "_local_tensor", value)
+        if local.numel():
+            ident = (local.data_ptr(), tuple(value.shape), str(value.dtype))
+            if ident in seen:
+                continue
+            seen.add(ident)
+        if key in merges:
+            value = _merged(*merges[key], value)
+        yield name.replace(".base_layer.", "."), _full(value)
 
-        with torch.no_grad():
-            for name, layer in layers.items():
-                base = layer.get_base_layer()
-                active = [] if getattr(layer, "disable_adapters", False) else list(layer.active_adapters)
-                already = set(getattr(layer, "merged_adapters", []) or [])
-                key = f"{name}.base_layer.weight"
-                if key not in state:
-                    continue
-                weight = _full(base.weight)
-                bias = _full(base.bias) if getattr(base, "bias", None) is not None else None
-                changed = False
-                for adapter in active:
-                    if adapter in already or not _has_adapter(layer, adapter):
-                        continue
-                    delta = _full(layer.get_delta_weight(adapter))
-                    weight = weight + delta.to(weight.dtype)
-                    changed = True
-                    lora_bias = getattr(layer, "lora_bias", {}).get(adapter, False)
-                    if lora_bias and bias is not None:
-                        bias = bias + (_full(layer.lora_B[adapter].bias) * layer.scaling[adapter]).to(bias.dtype)
-                if changed:
-                    state[key] = weight
-                    if bias is not None:
-                        state[f"{name}.base_layer.bias"] = bias
-    return _rename_for_vllm(state, _active_adapter_names(layers))
+
+def _merged(layer: Any, kind: str, value: "torch.Tensor") -> "torch.Tensor":
+    """``value`` (the base layer's weight or bias) plus the deltas of the active, unmerged adapters."""
+    import torch
+
+    active = [] if getattr(layer, "disable_adapters", False) else list(layer.active_adapters)
+    already = set(getattr(layer, "merged_adapters", []) or [])
+    out = _full(value)
+    with torch.no_grad():
+        for adapter in active:
+            if adapter in already or not _has_adapter(layer, adapter):
+                continue
+            if kind == "weight":
+                out = out + _full(layer.get_delta_weight(adapter)).to(out.dtype)
+            elif getattr(layer, "lora_bias", {}).get(adapter, False):
+                out = out + (_full(layer.lora_B[adapter].bias) * layer.scaling[adapter]).to(out.dtype)
+    return out
 
 
 def _has_adapter(layer: Any, adapter: str) -> bool:
@@ -233,40 +256,6 @@ def _active_adapter_names(layers: Mapping[str, Any]) -> set[str]:
 
 
 _LORA_SEGMENT = re.compile(r"(^|\.)lora_[A-Za-z_]+(\.|$)")
-
-
-def _rename_for_vllm(state: Mapping[str, "torch.Tensor"], adapters: set[str]) -> dict[str, "torch.Tensor"]:
-    out: dict[str, torch.Tensor] = {}
-    saved: dict[str, torch.Tensor] = {}  # modules_to_save copies win over originals
-    for key, value in state.items():
-        if _LORA_SEGMENT.search(key):
-            continue  # adapter factors: merged already
-        name = clean_param_name(key)
-        if ".original_module." in name:
-            continue
-        m = re.search(r"\.modules_to_save\.([^.]+)\.", name)
-        if m:
-            if m.group(1) in adapters:
-                saved[name.replace(m.group(0), ".")] = _full(value)
-            continue
-        out[name.replace(".base_layer.", ".")] = _full(value)
-    out.update(saved)
-    return _drop_tied(out)
-
-
-def _drop_tied(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
-    """Keep one name per shared tensor (tied embeddings: ``lm_head.weight`` is
-    ``embed_tokens.weight``), as ``save_pretrained`` does; vLLM re-ties them itself."""
-    seen: set[tuple[int, tuple[int, ...], str]] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
-        key = (t.data_ptr(), tuple(t.shape), str(t.dtype)) if t.numel() else None
-        if key is not None and key in seen:
-            continue
-        if key is not None:
-            seen.add(key)
-        out[name] = t
-    return out
 
 
 def iter_buckets(named: Mapping[str, "torch.Tensor"] | Iterable[tuple[str, "torch.Tensor"]],
@@ -391,6 +380,18 @@ class VLLMBackend:
             tokenizer.save_pretrained(target)
         return cls(model=str(target), **engine_kwargs)
 
+    @classmethod
+    def colocated(cls, model: str, accelerator: Any = None, gpu_memory_utilization: float = 0.3,
+                  **engine_kwargs: Any) -> "VLLMBackend":
+        """One engine per training rank, in the rank's own process and on its GPU, next to the
+        trainer (the layout of docs/scaling.md): ``external_launcher`` makes vLLM use the process
+        group ``accelerate launch`` set up instead of spawning workers, so weight sync is a
+        direct ``load_weights`` on the same device. Each rank samples with its own seed."""
+        rank = int(getattr(accelerator, "process_index", 0) or 0)
+        kwargs = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
+                  "gpu_memory_utilization": gpu_memory_utilization, "seed": rank, **engine_kwargs}
+        return cls(model=model, **kwargs)
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         for i, p in enumerate(prompts):
             if len(p) == 0:
@@ -408,7 +409,7 @@ class VLLMBackend:
 
     def sync_weights(self, model: "nn.Module", bucket_bytes: int = 1 << 30) -> int:
         """Push ``model``'s current weights (LoRA merged) into the engine; returns tensors sent."""
-        return load_weights_into(self.llm, vllm_state_dict(model), bucket_bytes)
+        return load_weights_into(self.llm, vllm_weights(model), bucket_bytes)
 
     def load_weights(self, named: Mapping[str, "torch.Tensor"] | Iterable[tuple[str, "torch.Tensor"]]) -> int:
         """Push already prepared (HF-named) tensors into the engine."""

@@ -164,6 +164,8 @@ def rule_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
             kept[title].append(line)
             used += cost
     out = head[:]
+    if not order:  # the agent knows it never acted: worth saying, since the task needs tools
+        out.append("No tool was called in any attempt.")
     for title, _ in sections:
         if kept[title]:
             out += [title, *kept[title]]

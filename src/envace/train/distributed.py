@@ -100,31 +100,125 @@ class DistributedUpdater:
     """A GRPOUpdater whose model and optimiser went through ``accelerator.prepare``.
 
     ``updater`` keeps the configuration and the *unwrapped* model (what rollouts generate with
-    under DDP, and what checkpoints save); ``model`` is the DDP / FSDP / DeepSpeed wrapper and
-    ``optimizer`` accelerate's wrapper of the same torch optimiser (its state is the updater's).
+    under DDP, and what checkpoints save); ``model`` is what accelerate returned (the DDP / FSDP
+    / DeepSpeed wrapper); ``scorer`` is the module the loss runs (see :func:`prepare_updaters`);
+    ``optimizer`` is accelerate's wrapper of the updater's own torch optimiser.
     """
 
     updater: GRPOUpdater
     model: nn.Module
     optimizer: Any
+    scorer: nn.Module
 
     @property
     def config(self):  # noqa: ANN201 - UpdaterConfig
         return self.updater.config
 
 
+def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """The body and vocabulary head of an HF causal LM, peft-wrapped or not (as grpo_loss finds them)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_dec, get_head = getattr(base, "get_decoder", None), getattr(base, "get_output_embeddings", None)
+    if get_dec is None or get_head is None:
+        return None
+    decoder, head = get_dec(), get_head()
+    return (decoder, head) if decoder is not None and head is not None else None
+
+
+class _HiddenStates(nn.Module):
+    """What DDP wraps: the LM's decoder (hidden states), so the loss can run the vocabulary head
+    on the generated positions only, as in one process. It holds the whole LM, so DDP registers
+    (and all-reduces) every parameter, the head's included: DDP's gradient hooks fire wherever
+    in the step's graph a parameter is used."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, **kwargs: Any) -> Any:
+        parts = _decoder_and_head(self.lm)
+        assert parts is not None
+        return parts[0](**kwargs)
+
+
+class _DDPScorer(nn.Module):
+    """What grpo_loss sees under DDP: ``get_decoder()`` runs the DDP-wrapped decoder (one DDP
+    forward per micro-batch, as DDP needs), ``get_output_embeddings()`` the head under
+    accelerate's autocast (the decoder's output is in the mixed-precision dtype)."""
+
+    def __init__(self, accelerator: Any, wrapped: nn.Module, lm: nn.Module) -> None:
+        super().__init__()
+        self.wrapped = wrapped
+        self._accelerator = accelerator
+        self._lm = [lm]  # not a submodule: its parameters are the wrapped ones
+
+    def get_decoder(self) -> Any:
+        return self.wrapped
+
+    def get_output_embeddings(self) -> Any:
+        head = _decoder_and_head(self._lm[0])[1]  # type: ignore[index]
+        accelerator = self._accelerator
+
+        def run(h: torch.Tensor) -> torch.Tensor:
+            with accelerator.autocast():
+                return head(h)
+
+        return run
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # not used by grpo_loss; kept usable
+        return self._lm[0](*args, **kwargs)
+
+
+class _ForwardOnly(nn.Module):
+    """What grpo_loss sees under FSDP / DeepSpeed: only the wrapper's own forward (full logits
+    of the score window), which is where those engines gather and release their shards."""
+
+    def __init__(self, wrapped: nn.Module) -> None:
+        super().__init__()
+        self.wrapped = wrapped
+
+    def forward(self, **kwargs: Any) -> Any:
+        return self.wrapped(**kwargs)
+
+
+_SHARDED = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")
+
+
 def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater]
                      ) -> dict[str, GRPOUpdater] | dict[str, DistributedUpdater]:
     """Wrap each updater's model and optimiser with ``accelerator.prepare`` (one pair per call,
     as FSDP needs). Without an accelerator (single process) the updaters come back unchanged.
-    Call once, after checkpoints were loaded into the models and optimisers."""
+    Call once, after checkpoints were loaded into the models and optimisers.
+
+    Under DDP (and a single accelerate process) the decoder is what gets wrapped, so the loss
+    keeps scoring only generated positions with the vocabulary head; under FSDP / DeepSpeed the
+    whole LM is wrapped and the loss goes through its forward (logits of the score window).
+    """
     if accelerator is None:
         return dict(updaters)
+    kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
     out: dict[str, DistributedUpdater] = {}
     for key, up in updaters.items():
-        model, optimizer = accelerator.prepare(up.model, up.optimizer)
-        out[key] = DistributedUpdater(updater=up, model=model, optimizer=optimizer)
+        if kind not in _SHARDED and _decoder_and_head(up.model) is not None:
+            wrapped, optimizer = accelerator.prepare(_HiddenStates(up.model), up.optimizer)
+            scorer: nn.Module = _DDPScorer(accelerator, wrapped, up.model)
+        else:
+            wrapped, optimizer = accelerator.prepare(up.model, up.optimizer)
+            scorer = _ForwardOnly(wrapped)
+        out[key] = DistributedUpdater(updater=up, model=wrapped, optimizer=optimizer, scorer=scorer)
     return out
+
+
+def optimizers_of(updaters: Mapping[str, GRPOUpdater] | Mapping[str, DistributedUpdater]) -> dict[str, Any]:
+    """The torch optimisers (for checkpoints), prepared or not: accelerate's wrapper shares the
+    updater's optimiser and its state, so saving and loading go through the plain one."""
+    return {k: (u.updater.optimizer if isinstance(u, DistributedUpdater) else u.optimizer) for k, u in updaters.items()}
+
+
+def barrier(accelerator: Any | None) -> None:
+    """Wait for every rank (no-op in one process)."""
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
 
 
 # ---------------------------------------------------------------------------- rollouts
@@ -170,6 +264,7 @@ class _SampleMeta:
     group_id: str
     role: Role
     gen_ids: tuple[int, ...]
+    format_ok: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -186,21 +281,24 @@ def compute_advantages_global(
     eps: float = 1e-6,
     roles: Collection[Role] | None = None,
     content_free_ids: Collection[int] = (),
+    format_bonus: float = 0.0,
 ) -> list[ScoredSample]:
-    """:func:`~envace.train.advantages.compute_advantages` over every rank's trajectories; returns
-    this rank's scored samples, in the order compute_advantages would give them."""
+    """:func:`~envace.train.advantages.compute_advantages` over every rank's trajectories (same
+    arguments); returns this rank's scored samples, in the order compute_advantages gives them."""
     local = list(trajectories)
     if num_processes(accelerator) == 1:
         return compute_advantages(local, norm_by_std=norm_by_std, empty_penalty=empty_penalty, eps=eps,
-                                  roles=roles, content_free_ids=content_free_ids)
+                                  roles=roles, content_free_ids=content_free_ids, format_bonus=format_bonus)
     summary = [_TrajectoryMeta(reward=float(t.reward), samples=tuple(
-        _SampleMeta(s.group_id, s.role, () if is_empty_generation(s, content_free_ids) else (-1,))
+        _SampleMeta(s.group_id, s.role, () if is_empty_generation(s, content_free_ids) else (-1,),
+                    getattr(s, "format_ok", None))
         for s in t.samples)) for t in local]
     per_rank: list[list[_TrajectoryMeta]] = gather_objects(accelerator, [summary])
     rank = process_index(accelerator)
     offset = sum(len(t.samples) for r in per_rank[:rank] for t in r)
     union = [t for r in per_rank for t in r]
-    scored = compute_advantages(union, norm_by_std=norm_by_std, empty_penalty=empty_penalty, eps=eps)  # type: ignore[arg-type]
+    scored = compute_advantages(union, norm_by_std=norm_by_std, empty_penalty=empty_penalty, eps=eps,  # type: ignore[arg-type]
+                                format_bonus=format_bonus)
     mine = [s for t in local for s in t.samples]
     out: list[ScoredSample] = []
     for sample, g in zip(mine, scored[offset : offset + len(mine)]):
@@ -276,7 +374,7 @@ def distributed_compute_gradients(accelerator: Any, du: DistributedUpdater, scor
             context = accelerator.no_sync(du.model) if (ddp and not last) else contextlib.nullcontext()
             with context:
                 loss, stats = grpo_loss(
-                    du.model, mb, clip=cfg.clip, clip_high=cfg.clip_high, agg=cfg.agg, kl_coef=cfg.kl_coef,
+                    du.scorer, mb, clip=cfg.clip, clip_high=cfg.clip_high, agg=cfg.agg, kl_coef=cfg.kl_coef,
                     ref_model=up.ref_model, caller_weight=cfg.caller_weight, simulator_weight=cfg.simulator_weight,
                     temperature=cfg.temperature, normalizers=normalizers, pad_id=cfg.pad_id,
                     with_entropy=cfg.with_entropy)

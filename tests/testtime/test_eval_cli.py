@@ -1,0 +1,129 @@
+import json
+
+import pytest
+
+from envace.cli.main import main
+from envace.experiments.eval_models import resolve_eval_models
+from envace.experiments.rundir import RunDir
+from envace.experiments.viewer import render_viewer
+
+from testtime_helpers import few_tasks
+
+FAST = ["--max-new-tokens", "6", "--sim-max-new-tokens", "6", "--summary-max-new-tokens", "6",
+        "--fidelity-max-new-tokens", "6", "--max-turns", "2"]
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--rehearse", "parallel", "--budget", "0"], "needs a budget >= 1"),
+    (["--rehearse", "sequential", "--budget", "-3"], "needs a budget >= 1"),
+    (["--rehearse", "beam"], "unknown rehearse mode 'beam'"),
+    (["--budget", "2"], "needs --rehearse parallel or sequential"),
+    (["--sweep", "--budgets", "0,-1,2"], "budgets must be integers >= 0"),
+    (["--sweep", "--budgets", "0,x"], "comma list of integers"),
+    (["--sweep", "--rehearse", "parallel"], "drop --rehearse/--budget"),
+    (["--sweep", "--modes", "parallel,beam"], "sweep modes"),
+    (["--memory", "magic"], "unknown memory kind"),
+    (["--world", "moon"], "unknown world"),
+    (["--model", "runs/nope/checkpoints/step-00000020"], "no such file or directory"),
+    (["--model", "no-such-model"], "unknown model spec"),
+])
+def test_bad_input_is_one_line_with_exit_2(capsys, tmp_path, argv, msg):
+    code, out, err = run_cli(capsys, "eval", "--model", "tiny", "--out", str(tmp_path), *argv)
+    assert code == 2 and msg in err and err.count("\n") == 1, err
+    assert not any(tmp_path.iterdir())  # nothing was started
+
+
+def test_a_task_file_without_a_test_split(capsys, tmp_path):
+    f = tmp_path / "train_only.jsonl"
+    f.write_text("".join(t.model_dump_json() + "\n" for t in few_tasks("shop", 2, split="train")))
+    code, _, err = run_cli(capsys, "eval", "--model", "tiny", "--task-file", str(f), "--out", str(tmp_path / "r"))
+    assert code == 2 and "no tasks" in err and "split='test'" in err
+
+
+def test_checkpoint_dirs_resolve_and_bad_ones_say_why(capsys, tmp_path):
+    empty = tmp_path / "step-00000020"
+    (empty / "optimizer").mkdir(parents=True)
+    (empty / "trainer_state.json").write_text(json.dumps({"step": 20, "models": ["policy"]}))
+    code, _, err = run_cli(capsys, "eval", "--model", str(empty), "--out", str(tmp_path / "r"))
+    assert code == 2 and "without a model" in err and "['policy']" in err
+
+    share = tmp_path / "share" / "checkpoints" / "step-00000002"
+    (share / "policy").mkdir(parents=True)
+    (share / "policy" / "adapter_config.json").write_text("{}")
+    (tmp_path / "share" / "config.yaml").write_text("prompt: {tool_format: json, max_examples: 1}\n")
+    m = resolve_eval_models(str(share))
+    assert m.caller == m.simulator == str(share / "policy") and m.shared and "shared policy" in m.notes[0]
+    assert m.style is not None and m.style.tool_format == "json" and m.style.max_examples == 1
+
+    two = tmp_path / "two"
+    for key in ("caller", "simulator"):
+        (two / key).mkdir(parents=True)
+        (two / key / "config.json").write_text("{}")
+    m = resolve_eval_models(str(two))
+    assert (m.caller, m.simulator) == (str(two / "caller"), str(two / "simulator")) and not m.shared
+    (two / "simulator" / "config.json").unlink()
+    m = resolve_eval_models(str(two))
+    assert m.caller == m.simulator == str(two / "caller")
+
+
+def test_a_checkpoint_that_does_not_match_its_base(capsys, tmp_path):
+    bad = tmp_path / "adapter"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "tiny", "peft_type": "LORA",
+                                                         "r": 4, "target_modules": ["no_such_proj"]}))
+    code, _, err = run_cli(capsys, "eval", "--model", str(bad), "--out", str(tmp_path / "r"))
+    assert code == 2 and err.count("\n") == 1 and str(bad) in err
+
+
+def test_eval_sweep_fidelity_and_report_end_to_end(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "eval", "--model", "tiny", "--world", "shop", "--tasks", "2", "--sweep",
+                             "--budgets", "0,1,2", "--modes", "sequential", "--fidelity", "--fidelity-tasks", "1",
+                             "--out", str(tmp_path), "--name", "ev", *FAST)
+    assert code == 0, err
+    run = RunDir.open(tmp_path / "ev")
+    assert run.meta()["kind"] == "eval"
+    committed = [json.loads(x) for x in (run.path / "committed.jsonl").read_text().splitlines()]
+    assert [r["condition"] for r in committed] == ["none"] * 2 + ["sequential-1"] * 2 + ["sequential-2"] * 2
+    assert all(r["real_calls_during_rehearsal"] == 0 for r in committed)
+    rehearsals = (run.path / "rehearsals.jsonl").read_text().splitlines()
+    assert len(rehearsals) == 2 * 2
+    assert (run.path / "fidelity.jsonl").read_text().strip()
+    for name in ("summary.md", "sweep.png", "fidelity.png", "viewer.html"):
+        assert (run.path / name).stat().st_size > 0
+        (run.path / name).unlink()
+    code, out, _ = run_cli(capsys, "report", str(run.path))  # the report rebuilds every file
+    assert code == 0
+    summary = (run.path / "summary.md").read_text()
+    assert "| sequential-2 | 2 |" in summary and "World-model fidelity" in summary and "viewer.html" in summary
+    assert all((run.path / n).stat().st_size > 0 for n in ("sweep.png", "fidelity.png", "viewer.html"))
+    metrics = run.metrics()
+    assert {m["phase"] for m in metrics} == {"testtime", "fidelity"}
+
+
+def test_single_condition_run(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "eval", "--model", "tiny", "--tasks", "1", "--rehearse", "parallel", "--budget",
+                           "2", "--memory", "rule", "--out", str(tmp_path), "--name", "p", *FAST)
+    assert code == 0, err
+    rows = [json.loads(x) for x in (tmp_path / "p" / "committed.jsonl").read_text().splitlines()]
+    assert [r["condition"] for r in rows] == ["parallel-2"]
+    assert rows[0]["memory_source"] == "rule" and rows[0]["memory"].startswith("2 imagined attempts.")
+    assert not (tmp_path / "p" / "fidelity.jsonl").exists()
+
+
+def test_viewer_escapes_model_text():
+    evil = "<script>alert(1)</script>"
+    traj = {"messages": [{"role": "user", "content": evil}, {"role": "assistant", "content": evil},
+                         {"role": "tool", "content": evil, "rehearsed": False}], "verdicts": [], "stop_reason": "x"}
+    row = {"condition": "none", "mode": "none", "budget": 0, "task_id": evil, "success": False, "reward": 0.0,
+           "memory": evil, "memory_source": "rule", "memory_note": evil, "memory_raw": evil, "real_calls": 0,
+           "tokens": {"total": 1}, "trajectory": traj}
+    pair = {"world": evil, "task_id": "t", "origin": "oracle", "tool": evil, "arguments": {"a": evil},
+            "real": evil, "rehearsed": evil, "match": {}}
+    page = render_viewer(evil, [row], [], [pair])
+    assert "<script>" not in page and "&lt;script&gt;" in page
