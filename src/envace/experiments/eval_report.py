@@ -145,7 +145,7 @@ def plot_sweep(table: list[dict], path: Path, title: str = "") -> Path | None:
 
 
 def plot_fidelity(world_rows: list[dict], tool_rows: list[dict], path: Path) -> Path | None:
-    """Bars per world (all metrics) and per tool (structure / value / exact)."""
+    """Bars per world (all metrics) and per tool (structure, value, field accuracy, exact)."""
     if not world_rows:
         return None
     import matplotlib
@@ -167,12 +167,12 @@ def plot_fidelity(world_rows: list[dict], tool_rows: list[dict], path: Path) -> 
     ax1.set_title("world-model fidelity per world", fontsize=10)
     ax1.legend(fontsize=7)
     ax1.grid(alpha=0.3, axis="y")
-    tmetrics = ("structure", "value", "exact")
+    tmetrics = ("structure", "value", "field_accuracy", "exact")
     ys = list(range(len(tool_rows)))
     h = 0.8 / len(tmetrics)
     for j, m in enumerate(tmetrics):
         vals = [r.get(m) if r.get(m) is not None else 0.0 for r in tool_rows]
-        ax2.barh([y + (j - 1) * h for y in ys], vals, h, label=m)
+        ax2.barh([y + (j - (len(tmetrics) - 1) / 2) * h for y in ys], vals, h, label=m)
     ax2.set_yticks(ys, [f"{r['world']}/{r['tool']} (n={r['n']})" for r in tool_rows], fontsize=7)
     ax2.invert_yaxis()
     ax2.set_xlim(0, 1.05)
