@@ -101,6 +101,8 @@ def test_single_process_path_is_update_for_mode():
     spec = ModeSpec.for_mode("noshare")
     assert dist.make_accelerator() is None  # not launched: no accelerate state at all
     ups = dist.prepare_updaters(None, make_updaters(a_caller, a_sim))
+    assert dist.optimizers_of(ups) == {k: u.optimizer for k, u in ups.items()}
+    dist.barrier(None)
     got = dist.distributed_update(None, spec, ups, dist.compute_advantages_global(None, trajs))
     want = update_for_mode(spec, make_updaters(b_caller, b_sim), compute_advantages(trajs))
     assert got == want
