@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from envace.benchmarks.base import BenchEpisode, BenchItem
-from envace.core.errors import INVALID_TOOL_CALL_FORMAT, tool_error
-from envace.core.toolcall import parse_tool_calls
+from envace.core.errors import tool_error
 from envace.core.types import Message, Source, Task, ToolCall, Trajectory, TurnSample
-from envace.core.validate import validate_call
 from envace.rollout.actors import Actor, ActorView
+from envace.rollout.engine import read_caller_turn
 from envace.rollout.sources import ResponseSource, ToolRequest, ToolResponse, dump_result
 
 
@@ -154,27 +153,21 @@ def run_bench_episodes(items: list[BenchItem], actor: Actor, source: ResponseSou
                 e.stop_reason = "context_limit"
                 e.forced = True
                 continue
-            if at.trainable:
-                e.samples.append(TurnSample(role="caller", group_id=e.item.id, trajectory_index=e.index, turn=k,
-                                            prompt_ids=at.prompt_ids, gen_ids=at.gen_ids, logprobs=at.logprobs,
-                                            finish=at.finish))
-            parsed = parse_tool_calls(at.text)
-            e.history.append(Message(role="assistant", content=at.text.strip(), tool_calls=parsed.calls))
-            if parsed.is_final:
+            ct = read_caller_turn(at, e.task, e.item.id, e.index, k)
+            if ct.sample is not None:
+                e.samples.append(ct.sample)
+            e.history.append(ct.message)
+            if ct.final:
                 e.awaiting_user = True
                 if not e.item.execute:  # single-response benchmark: the reply is the answer
                     e.turns[-1].append([])
                     e.stop_reason = "final_answer"
                 continue
             e.steps += 1
-            if parsed.error is not None:
-                e.parse_failures += 1
-                e.turns[-1].append([])
-                pending.append((e, [(None, tool_error(INVALID_TOOL_CALL_FORMAT, parsed.error))]))
-            else:
-                e.tool_calls += len(parsed.calls)
-                e.turns[-1].append(list(parsed.calls))
-                pending.append((e, [(c, validate_call(c, e.task.tools)) for c in parsed.calls]))
+            e.parse_failures += int(ct.parse_failed)
+            e.tool_calls += len(ct.message.tool_calls)
+            e.turns[-1].append(list(ct.message.tool_calls))
+            pending.append((e, ct.calls))
             if not e.item.execute:
                 e.stop_reason = "final_answer"
         requests = [ToolRequest(task=e.task, call=c, earlier=list(e.earlier), state=e.state,

@@ -17,7 +17,7 @@ from envace.core.toolcall import parse_tool_calls
 from envace.core.types import Message, Task, ToolCall, Trajectory, TurnSample
 from envace.core.validate import validate_call
 from envace.reward.checklist import Judge, judge_trajectory
-from envace.rollout.actors import Actor, ActorView
+from envace.rollout.actors import Actor, ActorTurn, ActorView
 from envace.rollout.sources import ResponseSource, ToolRequest, ToolResponse, dump_result
 
 
@@ -58,6 +58,37 @@ class _Episode:
     started: float = field(default_factory=time.perf_counter)
 
 
+@dataclass
+class CallerTurn:
+    """What one actor turn means for the episode: the assistant message, its training sample, and
+    each call with its immediate error (None: send it to the source). ``calls`` is empty for a
+    final answer; a malformed turn yields one ``(None, INVALID_TOOL_CALL_FORMAT)`` entry."""
+
+    message: Message
+    sample: TurnSample | None
+    final: bool
+    parse_failed: bool
+    calls: list[tuple[ToolCall | None, dict | None]]
+
+
+def read_caller_turn(at: ActorTurn, task: Task, group_id: str, index: int, turn: int) -> CallerTurn:
+    """Shared by every episode loop (this engine, the benchmark runner)."""
+    sample = None
+    if at.trainable:
+        sample = TurnSample(role="caller", group_id=group_id, trajectory_index=index, turn=turn,
+                            prompt_ids=at.prompt_ids, gen_ids=at.gen_ids, logprobs=at.logprobs, finish=at.finish)
+    parsed = parse_tool_calls(at.text)
+    message = Message(role="assistant", content=at.text.strip(), tool_calls=parsed.calls)
+    if parsed.is_final:
+        calls: list[tuple[ToolCall | None, dict | None]] = []
+    elif parsed.error is not None:
+        calls = [(None, tool_error(INVALID_TOOL_CALL_FORMAT, parsed.error))]
+    else:
+        calls = [(c, validate_call(c, task.tools)) for c in parsed.calls]
+    return CallerTurn(message=message, sample=sample, final=parsed.is_final,
+                      parse_failed=parsed.error is not None, calls=calls)
+
+
 def _step_callers(eps: list[_Episode], actor: Actor, turn: int, stats: RolloutStats
                   ) -> list[tuple[_Episode, list[tuple[ToolCall | None, dict | None]]]]:
     """One batched caller turn. Returns, per episode that called tools, each call with its
@@ -73,21 +104,16 @@ def _step_callers(eps: list[_Episode], actor: Actor, turn: int, stats: RolloutSt
             continue
         stats.caller_tokens += len(at.gen_ids)
         ep.gen_seconds += dt / len(eps)
-        if at.trainable:
-            ep.samples.append(TurnSample(role="caller", group_id=ep.task.id, trajectory_index=ep.index, turn=turn,
-                                         prompt_ids=at.prompt_ids, gen_ids=at.gen_ids, logprobs=at.logprobs,
-                                         finish=at.finish))
-        parsed = parse_tool_calls(at.text)
-        ep.history.append(Message(role="assistant", content=at.text.strip(), tool_calls=parsed.calls))
-        if parsed.is_final:
+        ct = read_caller_turn(at, ep.task, ep.task.id, ep.index, turn)
+        if ct.sample is not None:
+            ep.samples.append(ct.sample)
+        ep.history.append(ct.message)
+        if ct.final:
             ep.stop_reason = "final_answer"
             continue
-        if parsed.error is not None:
-            ep.parse_failures += 1
-            pending.append((ep, [(None, tool_error(INVALID_TOOL_CALL_FORMAT, parsed.error))]))
-            continue
-        ep.tool_calls += len(parsed.calls)
-        pending.append((ep, [(c, validate_call(c, ep.task.tools)) for c in parsed.calls]))
+        ep.parse_failures += int(ct.parse_failed)
+        ep.tool_calls += len(ct.message.tool_calls)
+        pending.append((ep, ct.calls))
     return pending
 
 
