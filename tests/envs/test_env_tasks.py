@@ -81,8 +81,9 @@ def test_tasks_are_well_formed(suite):
         Task.model_validate_json(task.model_dump_json())  # round-trips through JSON
 
 
-def test_examples_are_real_and_not_the_answer_key(suite):
-    _, tasks = suite
+def test_disjoint_examples_are_real_and_not_the_answer_key(suite):
+    name, _ = suite
+    tasks = generate_tasks(name, grounding="disjoint")
     grounded = 0
     for task in tasks:
         assert len(task.examples) == 3, task.id
@@ -100,6 +101,39 @@ def test_examples_are_real_and_not_the_answer_key(suite):
             assert make_world(task.env.world, task.env.seed).call(ex.tool, ex.arguments) == ex.result
 
 
+def _shows(task: Task, value: str) -> bool:
+    return value.lower() in (json.dumps([e.result for e in task.examples]) + task.instruction).lower()
+
+
+def test_covering_examples_let_a_world_model_be_right(suite):
+    """Covering examples are real pairs on the initial state, never a reference *write*, and show
+    the looked-up values the judged items need far more often than disjoint ones do."""
+    name, tasks = suite
+    disjoint = generate_tasks(name, grounding="disjoint")
+    cls = type(make_world(name, 0))
+
+    def groundable(ts: list[Task]) -> float:
+        needed = [(t, str(v)) for t in ts for i in t.checklist if i.kind == "called"
+                  for v in i.args.values() if isinstance(v, str)]
+        needed += [(t, i.text) for t in ts for i in t.checklist if i.kind == "answer_contains"]
+        return sum(_shows(t, v) for t, v in needed) / len(needed)
+
+    assert groundable(tasks) >= max(0.75, 2 * groundable(disjoint)), (groundable(tasks), groundable(disjoint))
+    for task in tasks:
+        assert len(task.examples) >= 3, task.id
+        writes = {(c.name, json.dumps(c.arguments, sort_keys=True)) for c in task.reference.calls
+                  if c.name in cls.writing_tools}
+        assert not any((e.tool, json.dumps(e.arguments, sort_keys=True)) in writes for e in task.examples)
+    for task in tasks[::15]:
+        for ex in task.examples:
+            assert make_world(task.env.world, task.env.seed).call(ex.tool, ex.arguments) == ex.result
+
+
+def test_grounding_is_checked():
+    with pytest.raises(ValueError, match="grounding"):
+        generate_tasks("shop", n=3, grounding="everything")
+
+
 def test_instructions_vary(suite):
     _, tasks = suite
     # the same request recurs across seeds (each against a different world); phrasing varies too
@@ -110,7 +144,7 @@ def test_instructions_vary(suite):
 @pytest.mark.parametrize("name", NAMES)
 def test_deterministic_and_independent_of_the_cache(name):
     cached = [t.model_dump_json() for t in generate_tasks(name, n=300)[::37]]
-    fresh = [build_task(TASK_SETS[name], i, 3).model_dump_json() for i in range(0, 300, 37)]
+    fresh = [build_task(TASK_SETS[name], i, 3, "covering").model_dump_json() for i in range(0, 300, 37)]
     assert cached == fresh
     assert generate_tasks(name, n=20) == generate_tasks(name, n=300)[:20]
 

@@ -22,6 +22,8 @@ from envace.envs.registry import world_class
 from envace.envs.world import World
 
 TEST_ONE_IN = 5  # one seed in five goes to the test split
+GROUNDINGS = ("covering", "disjoint")
+COVER_TRIES = 24  # sampler draws per reference read call when looking for a covering example
 
 
 class Skip(Exception):
@@ -102,7 +104,7 @@ def split_of(seed: int) -> str:
     return "test" if digest % TEST_ONE_IN == 0 else "train"
 
 
-def build_task(taskset: TaskSet, index: int, n_examples: int) -> Task:
+def build_task(taskset: TaskSet, index: int, n_examples: int, grounding: str = "covering") -> Task:
     cls = world_class(taskset.world)
     seed, difficulty = index, 1 + index % 3
     rng = random.Random(f"{taskset.world}:task:{index}")
@@ -123,7 +125,7 @@ def build_task(taskset: TaskSet, index: int, n_examples: int) -> Task:
         instruction=draft.instruction,
         tools=draft.world.tools(),
         checklist=draft.checklist + states + draft.answer_items,
-        examples=pick_examples(taskset, draft, n_examples),
+        examples=pick_examples(taskset, draft, n_examples, grounding),
         env=EnvRef(world=taskset.world, seed=seed),
         split=split_of(seed),  # type: ignore[arg-type]
         difficulty=difficulty,
@@ -157,28 +159,91 @@ def _values(arguments: dict[str, Any]) -> set[str]:
     return out
 
 
-def pick_examples(taskset: TaskSet, draft: Draft, n: int) -> list[Example]:
-    """Real call/result pairs from the task's initial world state, one per tool, for some tools.
+def needed_values(draft: Draft) -> list[str]:
+    """What a rehearsal must state for the trajectory-judged items to pass: free-text values of
+    ``called`` items that the instruction does not give (looked-up ids, mostly) and the answer
+    texts. Lower-cased; enum values are left out (the caller picks them from the request)."""
+    specs = {n: t.function.parameters["properties"] for n, t in draft.world._specs.items()}
+    said = draft.instruction.lower()
+    out: list[str] = []
+    for item in draft.checklist:
+        if item.kind != "called" or item.tool not in specs:
+            continue
+        for key, value in item.args.items():
+            if "enum" in specs[item.tool].get(key, {}):
+                continue
+            out += [v.lower() for v in (value if isinstance(value, list) else [value])
+                    if isinstance(v, str) and v.lower() not in said]
+    out += [i.text.lower() for i in draft.answer_items if i.text]
+    return list(dict.fromkeys(out))
 
-    Grounding, not the answer key: no example repeats a reference call, uses one of its
-    free-text argument values, or shows a result containing a text the answer must state.
-    Tools the reference uses come first (that is where the simulator needs grounding), and
-    successful results are preferred; error examples fill in only when needed.
+
+def _covering_examples(taskset: TaskSet, draft: Draft, reader: World, rng: random.Random,
+                       seen: set[tuple[str, str]]) -> list[Example]:
+    """Real read calls on the initial state whose results show the values of ``needed_values``.
+
+    For each read call of the reference whose result shows some needed values, a *different*
+    call of the same tool that shows them all is preferred (up to ``COVER_TRIES`` sampler
+    draws); failing that, the reference read call itself. Writes are never shown: what a
+    cancellation or a transfer returns is the dynamics the simulator has to get right.
     """
+    cls = type(reader)
+    uncovered = needed_values(draft)
+    out: list[Example] = []
+    for call in draft.calls:
+        if not uncovered or call.name in cls.writing_tools:
+            continue
+        result = reader.call(call.name, call.arguments)
+        shown = [v for v in uncovered if v in json.dumps(result).lower()]
+        if is_error(result) or not shown:
+            continue
+        pick = Example(tool=call.name, arguments=call.arguments, result=result)
+        sampler = taskset.samplers.get(call.name)
+        for _ in range(COVER_TRIES if sampler else 0):
+            args = sampler(reader, rng)
+            key = (call.name, json.dumps(args, sort_keys=True)) if args is not None else None
+            if key is None or key in seen:
+                continue
+            other = reader.call(call.name, args)
+            if not is_error(other) and all(v in json.dumps(other).lower() for v in shown):
+                pick = Example(tool=call.name, arguments=args, result=other)
+                break
+        seen.add((pick.tool, json.dumps(pick.arguments, sort_keys=True)))
+        out.append(pick)
+        uncovered = [v for v in uncovered if v not in shown]
+    return out
+
+
+def pick_examples(taskset: TaskSet, draft: Draft, n: int, grounding: str = "covering") -> list[Example]:
+    """Real call/result pairs from the task's initial world state, for some tools.
+
+    ``covering`` (default): first the examples that show what the judged items need (see
+    ``_covering_examples``), so a good world model *can* answer consistently; then others up to
+    ``n``. ``disjoint``: no example repeats a reference call, uses one of its free-text argument
+    values, or shows a result containing a text the answer must state (rehearsal then cannot be
+    right about looked-up values: a stress setting). Other examples, one per tool: tools the
+    reference uses first, successful results preferred, error examples only when needed.
+    """
+    if grounding not in GROUNDINGS:
+        raise ValueError(f"grounding must be one of {GROUNDINGS}, not {grounding!r}")
     if n <= 0:
         return []
     cls = world_class(taskset.world)
     rng = random.Random(f"{taskset.world}:examples:{draft.world.seed}:{draft.instruction}")
     reader = cls(draft.world.seed)  # initial state; writes run on their own throwaway world
+    seen = {(c.name, json.dumps(c.arguments, sort_keys=True)) for c in draft.calls}
+    covering = _covering_examples(taskset, draft, reader, rng, seen) if grounding == "covering" else []
     used = [t for t in dict.fromkeys(c.name for c in draft.calls) if t in taskset.samplers]
     others = [t for t in taskset.samplers if t not in used]
     rng.shuffle(others)
     secrets = _secrets(draft)
     banned = [i.text.lower() for i in draft.answer_items if i.text]
-    seen = {(c.name, json.dumps(c.arguments, sort_keys=True)) for c in draft.calls}
     chosen: dict[str, Example] = {}
+    want = n - len(covering)
     for allow_errors in (False, True):
         for tool in used + others:
+            if len(chosen) >= want:
+                break
             for _ in range((6 if tool in used else 3) * (tool not in chosen)):
                 args = taskset.samplers[tool](reader, rng)
                 key = (tool, json.dumps(args, sort_keys=True))
@@ -192,9 +257,7 @@ def pick_examples(taskset: TaskSet, draft: Draft, n: int) -> list[Example]:
                     continue
                 chosen[tool] = Example(tool=tool, arguments=args, result=result)
                 break
-            if len(chosen) == n:
-                break
-        if len(chosen) == n:
+        if len(chosen) >= want:
             break
     order = used + others  # keep a stable, readable order: reference tools first
-    return sorted(chosen.values(), key=lambda e: order.index(e.tool))
+    return covering + sorted(chosen.values(), key=lambda e: order.index(e.tool))

@@ -7,7 +7,7 @@ from functools import lru_cache
 from envace.core.types import Task
 from envace.envs import tasks_bank, tasks_calendar, tasks_shop
 from envace.envs.registry import world_class
-from envace.envs.taskgen import TaskSet, build_task
+from envace.envs.taskgen import GROUNDINGS, TaskSet, build_task
 
 TASK_SETS: dict[str, TaskSet] = {t.world: t for t in (tasks_shop.TASKS, tasks_calendar.TASKS,
                                                       tasks_bank.TASKS)}
@@ -20,28 +20,33 @@ def task_set(world: str) -> TaskSet:
 
 
 @lru_cache(maxsize=None)
-def _task_json(world: str, index: int, n_examples: int) -> str:
+def _task_json(world: str, index: int, n_examples: int, grounding: str) -> str:
     # Cached as JSON: parsing it back is the cheapest way to hand out an independent copy.
-    return build_task(TASK_SETS[world], index, n_examples).model_dump_json()
+    return build_task(TASK_SETS[world], index, n_examples, grounding).model_dump_json()
 
 
 def generate_tasks(world: str, n: int = 300, n_examples: int = 3,
-                   split: str | None = None) -> list[Task]:
+                   split: str | None = None, grounding: str = "covering") -> list[Task]:
     """Tasks ``{world}-0000`` .. ``{world}-{n-1}``, then filtered to ``split`` if given.
 
     Task i uses world seed i, so a task keeps its id, seed and split whatever ``n`` is. The same
     arguments always give identical tasks (returned as fresh copies: callers may mutate them).
+    ``n_examples`` and ``grounding`` choose the simulator's real call/result examples
+    (``taskgen.pick_examples``).
     """
     task_set(world)
     if split not in (None, *SPLITS):
         raise ValueError(f"split must be one of {SPLITS} or None, not {split!r}")
     if n < 0 or n_examples < 0:
         raise ValueError("n and n_examples must be >= 0")
-    tasks = (Task.model_validate_json(_task_json(world, i, n_examples)) for i in range(n))
+    if grounding not in GROUNDINGS:
+        raise ValueError(f"grounding must be one of {GROUNDINGS}, not {grounding!r}")
+    tasks = (Task.model_validate_json(_task_json(world, i, n_examples, grounding)) for i in range(n))
     return [t for t in tasks if split is None or t.split == split]
 
 
-def load_tasks(world: str, split: str | None = None, limit: int | None = None) -> list[Task]:
+def load_tasks(world: str, split: str | None = None, limit: int | None = None,
+               n_examples: int = 3, grounding: str = "covering") -> list[Task]:
     """The default suite of ``world`` (300 tasks, 3 examples each), optionally one split."""
-    tasks = generate_tasks(world, split=split)
+    tasks = generate_tasks(world, split=split, n_examples=n_examples, grounding=grounding)
     return tasks if limit is None else tasks[:limit]

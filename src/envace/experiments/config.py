@@ -87,6 +87,9 @@ class TrainConfig(_Section):
     task_file: str | None = None
     difficulties: list[int] | None = Field(None, description="task difficulty levels to use (default: all)")
     tool_distractors: int | None = Field(None, ge=0, description="show only needed tools + N others (default: all tools)")
+    n_examples: int = Field(3, ge=0, description="real call/result examples per generated task (simulator grounding)")
+    grounding: Literal["covering", "disjoint"] = Field(
+        "covering", description="covering: examples show the looked-up values a rehearsal needs; disjoint: never")
     source: Literal["rehearsal", "real", "simulator"] = "rehearsal"
     mode: Literal["share", "noshare", "caller_only", "frozen_caller"] = "share"
     steps: int = Field(20, ge=0)
