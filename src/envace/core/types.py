@@ -117,6 +117,13 @@ class TurnSample(_Strict):
     logprobs: list[float]
     finish: Literal["stop", "length"] = "stop"
     format_ok: bool | None = None  # simulator turns: the output parsed as JSON inside the tags
+    # Which gen_ids carry loss (None: all). A merged multi-turn SFT sample holds several caller
+    # turns with the tool messages between them, which are context, not targets.
+    loss_mask: list[bool] | None = None
+
+    @property
+    def target_count(self) -> int:
+        return len(self.gen_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 class Verdict(_Strict):

@@ -53,6 +53,8 @@ def pack_samples(batch: Sequence[ScoredSample], pad_id: int = 0) -> PackedBatch:
                 f"sample {s.sample.group_id}/{s.sample.trajectory_index}/turn {s.sample.turn}: "
                 f"{len(s.sample.logprobs)} logprobs for {len(s.sample.gen_ids)} generated tokens"
             )
+        if s.sample.loss_mask is not None and len(s.sample.loss_mask) != len(s.sample.gen_ids):
+            raise ValueError(f"sample {s.sample.group_id}/turn {s.sample.turn}: loss_mask and gen_ids differ in length")
         if not s.sample.prompt_ids:
             # The first generated token is predicted from the last prompt position.
             raise ValueError("pack_samples: a sample has an empty prompt; nothing predicts its first token")
@@ -72,7 +74,7 @@ def pack_samples(batch: Sequence[ScoredSample], pad_id: int = 0) -> PackedBatch:
         attention_mask[i, : p + g] = 1
         # Generated token k sits at absolute position p+k and is predicted at window index p+k-1-start.
         lo = p - 1 - start
-        token_mask[i, lo : lo + g] = True
+        token_mask[i, lo : lo + g] = True if s.sample.loss_mask is None else torch.tensor(s.sample.loss_mask)
         if g:
             old_logprobs[i, lo : lo + g] = torch.tensor(s.sample.logprobs, dtype=torch.float32)
     return PackedBatch(

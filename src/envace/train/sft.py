@@ -31,20 +31,46 @@ def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def merge_turns(turns: Sequence[TurnSample]) -> TurnSample | None:
+    """One sample holding several turns of one conversation: the first turn's prompt, then every
+    later token, with loss only on the turns' own tokens. Training on it costs one forward pass
+    over the conversation instead of one per turn (the caller's SFT tokens fall ~2x).
+
+    None unless each turn's prompt extends the previous prompt and target token for token
+    (true of templates that render history verbatim; the caller then keeps separate samples).
+    """
+    if not turns:
+        return None
+    seq = list(turns[0].prompt_ids)
+    mask: list[bool] = []
+    for t in turns:
+        if t.prompt_ids[: len(seq)] != seq:
+            return None
+        context = t.prompt_ids[len(seq):]
+        seq += context + t.gen_ids
+        mask += [False] * len(context) + [True] * len(t.gen_ids)
+    gen = seq[len(turns[0].prompt_ids):]
+    return turns[0].model_copy(update={"gen_ids": gen, "logprobs": [0.0] * len(gen), "loss_mask": mask})
+
+
 def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,
-                roles: Sequence[Role] = ("caller", "simulator")) -> list[TurnSample]:
-    """Supervised (prompt, target) pairs of one oracle trajectory, as TurnSamples."""
+                roles: Sequence[Role] = ("caller", "simulator"), merge_caller: bool = True) -> list[TurnSample]:
+    """Supervised (prompt, target) pairs of one oracle trajectory, as TurnSamples; with
+    ``merge_caller`` the caller turns become one multi-turn sample where the template allows."""
     out: list[TurnSample] = []
     history = traj.messages[1:]  # the first message is the user instruction, rendered by the prompt
     eos = tokenizer.eos_token_id
     if "caller" in roles:
+        turns = []
         for i, m in enumerate(history):
             if m.role != "assistant":
                 continue
             target = _ids(tokenizer, m.content) + ([eos] if not m.tool_calls and eos is not None else [])
-            out.append(TurnSample(role="caller", group_id=task.id, trajectory_index=0, turn=i,
-                                  prompt_ids=render_caller_prompt(tokenizer, task, history[:i], style),
-                                  gen_ids=target, logprobs=[0.0] * len(target)))
+            turns.append(TurnSample(role="caller", group_id=task.id, trajectory_index=0, turn=i,
+                                    prompt_ids=render_caller_prompt(tokenizer, task, history[:i], style),
+                                    gen_ids=target, logprobs=[0.0] * len(target)))
+        merged = merge_turns(turns) if merge_caller and len(turns) > 1 else None
+        out += [merged] if merged is not None else turns
     if "simulator" in roles:
         earlier: list[tuple[ToolCall, str]] = []
         for turn, (call, answer) in enumerate(trajectory_calls(traj)):
@@ -60,12 +86,12 @@ def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,
 
 
 def oracle_sft_samples(tasks: Sequence[Task], tokenizer, style: PromptStyle,
-                       roles: Sequence[Role] = ("caller", "simulator")) -> list[TurnSample]:
+                       roles: Sequence[Role] = ("caller", "simulator"), merge_caller: bool = True) -> list[TurnSample]:
     trajs, _ = run_episodes(list(tasks), OracleActor(), RealSource(), RolloutConfig(max_turns=12))
     bad = [t.task_id for t in trajs if t.reward < 1.0]
     if bad:
         raise ValueError(f"oracle failed on tasks {bad[:5]}: their references are inconsistent")
-    return [s for task, t in zip(tasks, trajs) for s in sft_samples(task, t, tokenizer, style, roles)]
+    return [s for task, t in zip(tasks, trajs) for s in sft_samples(task, t, tokenizer, style, roles, merge_caller)]
 
 
 @dataclass
@@ -105,7 +131,7 @@ def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr
         rng.shuffle(order)
         for b in range(n_batches):
             batch = order[b * batch_samples:(b + 1) * batch_samples]
-            tokens = sum(len(s.gen_ids) for s in batch)
+            tokens = sum(s.target_count for s in batch)
             opt.zero_grad(set_to_none=True)
             total = 0.0
             scored = [ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in batch]
@@ -120,5 +146,5 @@ def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr
             last = total
             if on_step is not None:
                 on_step(step, total_steps, total)
-    return SFTStats(steps=step, samples=len(samples), tokens=sum(len(s.gen_ids) for s in samples),
+    return SFTStats(steps=step, samples=len(samples), tokens=sum(s.target_count for s in samples),
                     first_loss=first, last_loss=last)
