@@ -41,6 +41,19 @@ def test_bad_config_names_file_and_field(tmp_path):
     assert main(["train", "--config", str(path)]) == 2  # one clear line, no traceback
 
 
+def _assert_tensorboard_mirrors(run: RunDir, evals: list[dict]) -> None:
+    """When tensorboard is installed (the test extra has it), the eval rows are also scalars there."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        pytest.skip("tensorboard not installed")
+    acc = EventAccumulator(str(run.path / "tensorboard"))
+    acc.Reload()
+    got = [(e.step, e.value) for e in acc.Scalars("eval/success")]
+    assert got == [(r["step"], pytest.approx(r["eval/success"])) for r in evals]
+    assert "train/reward" in acc.Tags()["scalars"]
+
+
 def _train_rows(run: RunDir):
     return {r["step"]: r for r in run.metrics() if r["phase"] == "train"}
 
@@ -58,6 +71,7 @@ def test_train_writes_a_complete_run_and_resume_reproduces_the_next_step(tmp_pat
         any((full.path / "checkpoints" / "step-00000003").rglob("adapter_config.json"))
     evals = [r for r in full.metrics() if r["phase"] == "eval"]
     assert [r["step"] for r in evals] == [0, 3]
+    _assert_tensorboard_mirrors(full, evals)
 
     # A run stopped after step 2, then resumed, does the same step 3 as the uninterrupted run.
     part = train(load_config(_cfg(tmp_path), ["out=" + str(tmp_path / "b")]), log=lambda *_: None)

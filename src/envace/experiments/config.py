@@ -63,6 +63,8 @@ class SFTConfig(_Section):
     epochs: int = Field(2, ge=1)
     lr: float = Field(2e-4, gt=0)
     micro_batch_tokens: int = Field(4096, ge=64)
+    batch_samples: int = Field(16, ge=1, description="samples per optimiser step")
+    schedule: Literal["constant", "cosine"] = "cosine"
     roles: list[Literal["caller", "simulator"]] = Field(default_factory=lambda: ["caller", "simulator"])
     init_from: str | None = Field(None, description="reuse the warm start of an earlier run: its <run>/sft dir")
 

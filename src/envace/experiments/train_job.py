@@ -14,6 +14,7 @@ import torch
 from envace.core.prompts import PromptStyle
 from envace.core.types import Task, Trajectory
 from envace.experiments.config import TrainConfig
+from envace.experiments.metrics_log import MetricsLog
 from envace.experiments.factory import GenerationSettings, make_actor, make_source
 from envace.experiments.models import RunModels, frozen_copy, load_policy, split_for_mode
 from envace.experiments.progress import StepProgress
@@ -96,6 +97,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     t0 = time.perf_counter()
     bar = StepProgress("sft", total=None)
     stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
+                    batch_samples=cfg.sft.batch_samples, schedule=cfg.sft.schedule,
                     seed=cfg.seed, pad_id=tokenizer.pad_token_id or 0,
                     on_step=lambda s, n, loss: bar.update(s, n, {"loss": loss}))
     bar.close()
@@ -168,6 +170,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         torch.set_num_threads(cfg.threads)
     st = prepare(cfg, resume, log)
     run, models = st.run, st.models
+    metrics_log = MetricsLog(run, resume_step=st.start_step if resume is not None else None)
     tok = models.tokenizer
     pool, held_out = train_tasks(cfg), eval_tasks(cfg)
     gen = generation_settings(cfg)
@@ -181,7 +184,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     def do_eval(step: int) -> dict[str, float]:
         metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg)
         run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
-        run.log_metrics({"phase": "eval", "step": step, **metrics})
+        metrics_log.log({"phase": "eval", "step": step, **metrics})
         return metrics
 
     if st.start_step == 0 and not any(m.get("phase") == "eval" for m in run.metrics()):
@@ -212,7 +215,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         row.update(advantage_stats(scored))
         row.update(ustats)
         run.add_trajectories(_tag(trajs, step, "train"))
-        run.log_metrics(row)
+        metrics_log.log(row)
         if step % cfg.checkpoint.every == 0 or step == cfg.steps:
             save_checkpoint(run.path / CKPT_DIR, models.trained,
                             {k: u.optimizer for k, u in st.updaters.items()}, step=step,
@@ -230,6 +233,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         log(f"final real-world eval (step {cfg.steps}): {final}")
     from envace.experiments.report import write_train_report
 
+    metrics_log.close()
     write_train_report(run)
     return run
 

@@ -8,6 +8,7 @@ has seen real responses.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -111,11 +112,25 @@ def sft_loss(model: nn.Module, batch: Sequence[TurnSample], total_tokens: int, p
     return -(logp * mask).sum() / total_tokens
 
 
+def lr_factor(step: int, total: int, schedule: str, warmup: float = 0.05) -> float:
+    """Multiplier of the base learning rate at optimiser step ``step`` (0-based) of ``total``:
+    ``constant``, or ``cosine`` (linear warm-up over ``warmup`` of the steps, then cosine to 0).
+    From-scratch models end much lower with the decay than at a constant rate."""
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"unknown learning-rate schedule {schedule!r} (constant | cosine)")
+    ramp = max(1, int(total * warmup))
+    if step < ramp:
+        return (step + 1) / ramp
+    return 0.5 * (1.0 + math.cos(math.pi * (step - ramp) / max(1, total - ramp)))
+
+
 def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr: float = 2e-4,
             batch_samples: int = 16, micro_batch_tokens: int = 4096, seed: int = 0, pad_id: int = 0,
-            on_step: Callable[[int, int, float], None] | None = None) -> SFTStats:
+            on_step: Callable[[int, int, float], None] | None = None, schedule: str = "constant") -> SFTStats:
     """Plain AdamW fine-tuning over shuffled batches of ``batch_samples``, accumulated over
-    micro-batches that fit ``micro_batch_tokens``."""
+    micro-batches that fit ``micro_batch_tokens``; learning rate per ``lr_factor``."""
     if not samples:
         raise ValueError("run_sft: no samples")
     params = trainable_parameters(model)
@@ -124,6 +139,7 @@ def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr
     order = list(samples)
     n_batches = -(-len(order) // batch_samples)
     total_steps = epochs * n_batches
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(k, total_steps, schedule))
     first = last = float("nan")
     step = 0
     model.train()
@@ -141,6 +157,7 @@ def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
+            sched.step()
             step += 1
             first = total if step == 1 else first
             last = total
