@@ -40,32 +40,61 @@ def _direct_ast(item, calls) -> bool:
     return bool(r["valid"])
 
 
-@pytest.mark.parametrize("category", ["simple_python", "multiple", "parallel", "parallel_multiple", "live_simple",
-                                      "live_multiple"])
+def _wrong_value(calls: list[ToolCall]) -> list[ToolCall] | None:
+    """The same calls with the first scalar argument value changed to one no answer allows."""
+    for i, c in enumerate(calls):
+        for k, v in c.arguments.items():
+            if isinstance(v, bool):
+                bad = not v
+            elif isinstance(v, (int, float)):
+                bad = v + 9973
+            elif isinstance(v, str):
+                bad = "zz_not_an_answer"
+            else:
+                continue
+            return [*calls[:i], ToolCall(name=c.name, arguments={**c.arguments, k: bad}), *calls[i + 1:]]
+    return None
+
+
+@pytest.mark.parametrize("category", bfcl.NON_LIVE + bfcl.LIVE)
 def test_ast_agrees_with_bfcl_checker(category: str) -> None:
+    """Every AST category: the possible answer as our calls is valid for our scoring and for BFCL's
+    checker called directly; a wrong function name, a wrong argument value and missing arguments
+    are judged the same way by both (the first two invalid)."""
     items = ADAPTER.load(category, limit=4)
+    assert len(items) == 4
     for item in items:
         (gt,) = bfcl.ground_truth_turns(item)[0]
         ours = ADAPTER.score(item, BenchEpisode(item_id=item.id, turns=[[gt]])).valid
         assert ours == _direct_ast(item, gt) is True, item.id
         wrong = [ToolCall(name=gt[0].name + "_x", arguments=gt[0].arguments), *gt[1:]]
         assert ADAPTER.score(item, BenchEpisode(item_id=item.id, turns=[[wrong]])).valid is _direct_ast(item, wrong) is False
+        bad_value = _wrong_value(gt)
+        if bad_value is not None:
+            got = ADAPTER.score(item, BenchEpisode(item_id=item.id, turns=[[bad_value]]))
+            assert got.valid is _direct_ast(item, bad_value) is False, (item.id, bad_value)
         missing = [ToolCall(name=c.name, arguments={}) for c in gt]
         assert ADAPTER.score(item, BenchEpisode(item_id=item.id, turns=[[missing]])).valid is _direct_ast(item, missing)
 
 
 def test_irrelevance_and_relevance_rules() -> None:
-    irr = ADAPTER.load("irrelevance", limit=2)[0]
-    call = ToolCall(name=irr.task.tools[0].name, arguments={})
-    assert ADAPTER.score(irr, BenchEpisode(item_id=irr.id, turns=[[[]]])).valid
-    assert not ADAPTER.score(irr, BenchEpisode(item_id=irr.id, turns=[[[call]]])).valid
+    """BFCL's relevance runner: a response is a function call when it decodes to a non-empty call
+    list; irrelevance entries want none, live_relevance entries want one."""
+    from bfcl_eval.utils import is_empty_output
+
+    for cat in ("irrelevance", "live_irrelevance"):
+        for irr in ADAPTER.load(cat, limit=2):
+            call = ToolCall(name=irr.task.tools[0].name, arguments={})
+            assert is_empty_output([]) and not is_empty_output(bfcl.decoded_output([call]))
+            assert ADAPTER.score(irr, BenchEpisode(item_id=irr.id, turns=[[[]]])).valid
+            assert not ADAPTER.score(irr, BenchEpisode(item_id=irr.id, turns=[[[call]]])).valid
     rel = ADAPTER.load("live_relevance", limit=1)[0]
     call = ToolCall(name=rel.task.tools[0].name, arguments={})
     assert ADAPTER.score(rel, BenchEpisode(item_id=rel.id, turns=[[[call]]])).valid
     assert not ADAPTER.score(rel, BenchEpisode(item_id=rel.id, turns=[[[]]])).valid
 
 
-@pytest.mark.parametrize("category", ["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param"])
+@pytest.mark.parametrize("category", bfcl.MULTI_TURN)
 def test_multi_turn_ground_truth_through_our_loop(category: str) -> None:
     """Ground truth replayed by an actor through our episode loop against BFCLWorld (the real
     source) is valid for BFCL's multi-turn checker; so is the same ground truth fed directly.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from envace.cli.main import main
 
 
@@ -28,3 +30,36 @@ def test_bench_list_table(capsys) -> None:
 def test_bench_eval_unknown_category_is_a_clean_error(capsys) -> None:
     assert main(["bench", "eval", "--bench", "vitabench", "--category", "ota", "--model", "tiny"]) == 2
     assert "not available here" in capsys.readouterr().err
+
+
+def test_eval_bench_clear_errors(capsys) -> None:
+    """``envace eval --bench``: what cannot run here is refused in one line before any model loads."""
+    assert main(["eval", "--bench", "tau2", "--domain", "telecom", "--model", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "not runnable here" in err and "user-side tools" in err
+    assert main(["eval", "--bench", "bfcl", "--category", "web_search_base", "--model", "tiny"]) == 2
+    assert "live web search" in capsys.readouterr().err
+    assert main(["eval", "--bench", "nope", "--model", "tiny"]) == 2
+    assert "unknown benchmark" in capsys.readouterr().err
+    assert main(["eval", "--bench", "vitabench", "--rehearse", "parallel", "--model", "tiny"]) == 2
+    assert "cannot be combined with --bench" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_eval_bench_runs_vitabench(tmp_path) -> None:
+    """``envace eval --bench vitabench`` end to end with the tiny model as caller, user and judge
+    (~10-30 s on 2 cores: the simulated user's and the judge's prompts are long)."""
+    if not _vita_available():
+        pytest.skip("VitaBench task files not at <repo>/../shared/data")
+    assert main(["eval", "--bench", "vitabench", "--domain", "delivery", "--limit", "1", "--model", "tiny",
+                 "--max-new-tokens", "4", "--max-steps", "1", "--max-user-turns", "1", "--out", str(tmp_path),
+                 "--name", "v"]) == 0
+    scores = [json.loads(line) for line in (tmp_path / "v" / "scores.jsonl").read_text().splitlines()]
+    assert len(scores) == 1 and scores[0]["category"] == "delivery" and scores[0]["valid"] is False
+    assert "acc/delivery" in (tmp_path / "v" / "summary.md").read_text()
+
+
+def _vita_available() -> bool:
+    from envace.benchmarks.vitabench import VitaBenchAdapter
+
+    return VitaBenchAdapter().available()[0]

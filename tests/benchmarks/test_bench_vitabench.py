@@ -60,3 +60,17 @@ def test_rubric_judge_decides() -> None:
     s = ADAPTER.score(item, episode, vb.gold_world(item))
     assert not s.valid and s.detail["state_ok"] and s.detail["rubric_ok"] is False
     ADAPTER.judge = None
+
+
+@pytest.mark.slow  # every task's environment is copied twice: ~10-30 s
+@pytest.mark.parametrize("domain,at_least", [("delivery", 90), ("instore", 80)])
+def test_state_check_coverage_over_every_task(domain: str, at_least: int) -> None:
+    """Driving our tools to each task's first expected state passes our state check on most tasks
+    (the rest need operations we do not implement, e.g. order edits, or name products a store does
+    not sell); doing nothing passes on none. Measured: delivery 91/100, instore 83/100."""
+    items = ADAPTER.load(domain)
+    assert len(items) == 100
+    episode = lambda i: BenchEpisode(item_id=i.id, messages=[Message(role="user", content="hi")])  # noqa: E731
+    gold = sum(ADAPTER.score(i, episode(i), vb.gold_world(i)).detail["state_ok"] for i in items)
+    empty = sum(ADAPTER.score(i, episode(i), ADAPTER.make_world(i)).detail["state_ok"] for i in items)
+    assert gold >= at_least and empty == 0, (gold, empty)

@@ -34,7 +34,8 @@ class BenchItem:
     ``task.instruction`` is the first user turn; ``user_turns`` the scripted later ones (BFCL
     multi-turn). A benchmark whose user is simulated by a model (tau2, VitaBench) leaves
     ``user_turns`` empty and gives ``user_scenario`` instead. ``tools_added`` maps a user-turn
-    index to tools that become available from that turn on (BFCL miss_func).
+    index to tools that become available from that turn on (BFCL miss_func); ``turn_context`` a
+    user-turn index to the (gold) conversation shown before it instead of the caller's own.
     """
 
     benchmark: str
@@ -48,6 +49,9 @@ class BenchItem:
     system_prompt: str | None = None  # the benchmark's agent policy / system text, if any
     raw: dict[str, Any] = field(default_factory=dict)  # the benchmark's own entry (+ answers)
     version: str = ""  # data version the item was loaded from (package or data-dir)
+    # user turn k -> the conversation the caller sees before that turn's user message, replacing its
+    # own earlier turns (FinMCP's protocol: every turn is conditioned on the gold history)
+    turn_context: dict[int, list[Message]] = field(default_factory=dict)
 
     @property
     def id(self) -> str:

@@ -344,31 +344,79 @@ def ground_truth_turns(item: BenchItem) -> list[list[list[ToolCall]]]:
                 for turn in answer["ground_truth"]]
     if answer is None:
         return [[[]]]
-    stringly = item.category in ("simple_java", "simple_javascript")
+    lang = "java" if item.category == "simple_java" else "js" if item.category == "simple_javascript" else None
+    docs = {f["name"]: f for f in entry["function"]}
     calls = []
     for fn in answer["ground_truth"]:
         ((name, params),) = fn.items()
-        args = {k: _first_option(opts, stringly) for k, opts in params.items() if opts and opts[0] != ""}
+        props = (docs.get(name, {}).get("parameters") or {}).get("properties", {})
+        args = {}
+        for k, opts in params.items():
+            if not opts or opts[0] == "":
+                continue
+            value = _first_option(opts)
+            if lang is not None:  # Java/JS values are passed as their source text (BFCL's FC format)
+                value = _source_literal(value, props.get(k, {}), lang)
+            args[k] = value
         calls.append(ToolCall(name=tool_name(name), arguments=args))
     return [[calls]]
 
 
-def _first_option(options: Any, stringly: bool) -> Any:
+def _first_option(options: Any) -> Any:
     """The first acceptable value of a possible-answer list (nested dicts hold option lists too)."""
     if not isinstance(options, list) or not options:
         return options
-    return _unwrap(options[0], stringly)
+    return _unwrap(options[0])
 
 
-def _unwrap(value: Any, stringly: bool) -> Any:
+def _unwrap(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _first_option(v, False) for k, v in value.items()
-                if not (isinstance(v, list) and v and v[0] == "")}
+        return {k: _first_option(v) for k, v in value.items() if not (isinstance(v, list) and v and v[0] == "")}
     if isinstance(value, list):
-        return [_unwrap(v, False) for v in value]
-    if stringly and not isinstance(value, str):  # Java/JS scalars are passed as their source text
-        return str(value).lower() if isinstance(value, bool) else str(value)
+        return [_unwrap(v) for v in value]
     return value
+
+
+def _scalar_literal(value: Any, lang: str, typ: str = "") -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace('"', '\\"') + '"'
+    if lang == "java" and typ == "long" and isinstance(value, int):
+        return f"{value}L"
+    if lang == "java" and typ == "float":
+        return f"{value}f"
+    if lang == "js" and typ == "Bigint":
+        return f"{value}n"
+    return str(value)
+
+
+def _source_literal(value: Any, doc: dict, lang: str) -> str:
+    """A possible-answer value as the Java/JavaScript source text a model is asked to write, in the
+    forms BFCL's type converters parse (``new ArrayList<>(Arrays.asList(..))``, ``new HashMap<..>()
+    {{ put(..); }}``, ``[..]``, ``{k: v}``, ``42L``, ``1.5f``, ``10n``)."""
+    if isinstance(value, str):
+        return value  # already source text (strings, expressions, quoted literals)
+    typ = doc.get("type", "")
+    item_typ = (doc.get("items") or {}).get("type", "")
+    if isinstance(value, list):
+        inner = ", ".join(_scalar_literal(v, lang, item_typ) if not isinstance(v, (list, dict))
+                          else _source_literal(v, {}, lang) for v in value)
+        if lang == "js":
+            return f"[{inner}]"
+        if typ == "Array":
+            java = {"integer": "int", "long": "long", "float": "float", "double": "double", "boolean": "boolean",
+                    "String": "String", "char": "char"}.get(item_typ, "Object")
+            return f"new {java}[]{{{inner}}}"
+        return f"new ArrayList<>(Arrays.asList({inner}))"
+    if isinstance(value, dict):
+        if lang == "js":
+            return "{" + ", ".join(f"{k}: {_scalar_literal(v, lang) if not isinstance(v, (list, dict)) else _source_literal(v, {}, lang)}"
+                                   for k, v in value.items()) + "}"
+        puts = " ".join(f'put("{k}", {_scalar_literal(v, lang) if not isinstance(v, (list, dict)) else _source_literal(v, {}, lang)});'
+                        for k, v in value.items())
+        return f"new HashMap<String, Object>() {{{{ {puts} }}}}"
+    return _scalar_literal(value, lang, typ)
 
 
 def parse_call_string_name(text: str) -> str:

@@ -45,7 +45,7 @@ def listing(data_dir: str | None = None) -> list[dict]:
                 cats.append({"name": c.name, "group": c.group, "runnable": False, "tasks": None, "reason": why_c})
                 continue
             runnable = c.runnable and ok
-            reason = c.reason or ("" if ok else why)
+            reason = c.reason if ok else "; ".join(x for x in (why, c.reason) if x)
             cats.append({"name": c.name, "group": c.group, "runnable": runnable, "tasks": n, "reason": reason})
         rows.append({"name": a.name, "title": a.title, "licence": a.licence, "available": ok, "status": why,
                      "needs": a.needs, "categories": cats})

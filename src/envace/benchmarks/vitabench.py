@@ -25,6 +25,7 @@ from typing import Any
 
 from envace.benchmarks.base import BenchEpisode, BenchItem, BenchScore, Category, per_category_accuracy
 from envace.benchmarks.data import bench_dir
+from envace.benchmarks.judge import YesNoJudge
 from envace.benchmarks.users import DEFAULT_GUIDELINES, LLMUser
 from envace.core.errors import INVALID_PARAMETERS, tool_error
 from envace.core.types import FunctionSpec, Task, ToolCall, ToolSpec
@@ -32,7 +33,9 @@ from envace.core.types import FunctionSpec, Task, ToolCall, ToolSpec
 DOMAINS = ["delivery", "instore"]
 NOT_HERE = {"ota": "OTA (travel) tasks are not in the data store (too large); tools not implemented",
             "cross_domain": "cross-domain tasks are not in the data store and need the OTA tools"}
-PAID = {"paid", "processed"}  # a delivery order is "processed" once the shop took it: both are paid
+# paid, and the later stages of a paid order (the shop took it, it is on its way or delivered; a paid
+# reservation or voucher not used yet, or used): an expected state taken later in the day shows those
+PAID = {"paid", "processed", "in-progress", "delivered", "unconsumed", "consumed"}
 
 _S = {"type": "string"}
 _PRODUCTS = {"type": "array", "items": {"type": "object", "properties": {
@@ -71,7 +74,11 @@ INSTORE_TOOLS = [
           {"store_id": _S, "address": _S}, ("store_id", "address")),
     _spec("create_instore_order", "Create an (unpaid) in-store order.", {"shop_id": _S, "products": _PRODUCTS},
           ("shop_id", "products")),
-    _spec("make_reservation", "Reserve a visit at a shop (unpaid until paid).",
+    _spec("book_table", "Book a table or visit at a shop that takes bookings; the booking is unpaid until paid "
+          "where the shop charges a deposit.",
+          {"shop_id": _S, "book_time": {**_S, "description": "YYYY-MM-DD HH:MM:SS"},
+           "customer_count": {"type": "integer", "minimum": 1}}, ("shop_id", "book_time", "customer_count")),
+    _spec("make_reservation", "Reserve a visit at a shop (free; no payment needed).",
           {"shop_id": _S, "reservation_time": {**_S, "description": "YYYY-MM-DD HH:MM:SS"},
            "customer_count": {"type": "integer", "minimum": 1}}, ("shop_id", "reservation_time", "customer_count")),
 ]
@@ -91,6 +98,7 @@ class VitaWorld:
         self.env = copy.deepcopy(task["environment"])
         self.orders: dict[str, dict] = dict(self.env.get("orders") or {})
         self.reservations: dict[str, dict] = dict(self.env.get("reservations") or {})
+        self.books: dict[str, dict] = dict(self.env.get("books") or {})
         self.stores: dict[str, dict] = self.env.get("stores") or self.env.get("shops") or {}
         self.calls: list[tuple[ToolCall, dict]] = []
         self._seq = 0
@@ -174,10 +182,14 @@ class VitaWorld:
         return {"weather": rows}
 
     def _t_list_orders(self) -> dict:
-        return {"orders": list(self.orders.values()), "reservations": list(self.reservations.values())}
+        return {"orders": list(self.orders.values()), "reservations": list(self.reservations.values()),
+                **({"bookings": list(self.books.values())} if self.domain == "instore" else {})}
+
+    def _record(self, order_id: str) -> dict | None:
+        return self.orders.get(order_id) or self.reservations.get(order_id) or self.books.get(order_id)
 
     def _t_pay_order(self, order_id: str) -> dict:
-        rec = self.orders.get(order_id) or self.reservations.get(order_id)
+        rec = self._record(order_id)
         if rec is None:
             raise KeyError(f"order {order_id} not found")
         if rec["status"] != "unpaid":
@@ -186,7 +198,7 @@ class VitaWorld:
         return {"order_id": order_id, "status": "paid"}
 
     def _t_cancel_order(self, order_id: str) -> dict:
-        rec = self.orders.get(order_id) or self.reservations.get(order_id)
+        rec = self._record(order_id)
         if rec is None:
             raise KeyError(f"order {order_id} not found")
         if rec["status"] in ("cancelled", "delivered"):
@@ -236,15 +248,25 @@ class VitaWorld:
                             "products": lines}
         return {"order_id": oid, "total_price": total, "status": "unpaid"}
 
-    def _t_make_reservation(self, shop_id: str, reservation_time: str, customer_count: int) -> dict:
+    def _t_book_table(self, shop_id: str, book_time: str, customer_count: int) -> dict:
         shop = self._store(shop_id)
-        if not shop.get("enable_reservation", True):
-            return tool_error("NOT_SUPPORTED", f"shop {shop_id} does not take reservations")
+        if not shop.get("enable_book"):
+            return tool_error("NOT_SUPPORTED", f"shop {shop_id} does not take bookings")
+        price = shop.get("book_price") or 0
+        bid = self._new_id()
+        self.books[bid] = {"book_id": bid, "shop_id": shop_id, "book_time": book_time,
+                           "customer_count": int(customer_count), "book_price": price,
+                           "customer_id": self.env.get("user_id"), "status": "unpaid" if price > 0 else "paid",
+                           "update_time": self._now()}
+        return {"book_id": bid, "book_price": price, "status": self.books[bid]["status"]}
+
+    def _t_make_reservation(self, shop_id: str, reservation_time: str, customer_count: int) -> dict:
+        self._store(shop_id)  # a free reservation: any shop takes one (as in VitaBench), nothing to pay
         rid = self._new_id()
         self.reservations[rid] = {"reservation_id": rid, "shop_id": shop_id, "reservation_time": reservation_time,
                                   "update_time": self._now(), "customer_id": self.env.get("user_id"),
-                                  "customer_count": int(customer_count), "status": "unpaid"}
-        return {"reservation_id": rid, "status": "unpaid"}
+                                  "customer_count": int(customer_count), "status": "unconsumed"}
+        return {"reservation_id": rid, "status": "unconsumed"}
 
 
 # -- state check ------------------------------------------------------------------------------
@@ -255,11 +277,14 @@ def _status_ok(want: str, got: str) -> bool:
 
 
 def _order_matches(want: dict, got: dict) -> bool:
-    if "reservation_id" in want:
-        return ("reservation_id" in got and got.get("shop_id") == want.get("shop_id")
-                and str(got.get("reservation_time", ""))[:16] == str(want.get("reservation_time", ""))[:16]
-                and int(got.get("customer_count", 0)) == int(want.get("customer_count", 0))
-                and _status_ok(want.get("status", ""), got.get("status", "")))
+    for key, time_key in (("reservation_id", "reservation_time"), ("book_id", "book_time")):
+        if key in want:  # a reservation or a (deposit) booking
+            return (key in got and got.get("shop_id") == want.get("shop_id")
+                    and str(got.get(time_key, ""))[:16] == str(want.get(time_key, ""))[:16]
+                    and int(got.get("customer_count", 0)) == int(want.get("customer_count", 0))
+                    and _status_ok(want.get("status", ""), got.get("status", "")))
+    if "reservation_id" in got or "book_id" in got:
+        return False
     if got.get("store_id") != want.get("store_id") or not _status_ok(want.get("status", ""), got.get("status", "")):
         return False
     items = lambda o: Counter((p.get("product_id"), int(p.get("quantity", 1))) for p in o.get("products", []))  # noqa: E731
@@ -269,7 +294,7 @@ def _order_matches(want: dict, got: dict) -> bool:
 def check_state(world: VitaWorld, expected_states: list[dict]) -> dict[str, Any]:
     """Do the final orders/reservations satisfy one of the expected states (required orders all
     present, matched one-to-one on store, products and quantities, status)?"""
-    final = list(world.orders.values()) + list(world.reservations.values())
+    final = list(world.orders.values()) + list(world.reservations.values()) + list(world.books.values())
     for k, alt in enumerate(expected_states or []):
         free = list(final)
         ok = True
@@ -290,26 +315,11 @@ JUDGE_SYSTEM = ("You grade a conversation between a user and an assistant that u
                 "conversation and the final orders satisfy the criterion, NO otherwise, then one short reason.")
 
 
-class RubricJudge:
+class RubricJudge(YesNoJudge):
     """Judges each rubric YES/NO with a policy backend (our judge backend; any model spec)."""
 
     def __init__(self, backend: Any, max_new_tokens: int = 16) -> None:
-        self.backend, self.max_new_tokens = backend, max_new_tokens
-
-    def judge(self, rubrics: list[str], transcript: str) -> list[bool]:
-        from envace.policy.sampling import SamplingParams
-
-        if not rubrics:
-            return []
-        tok = self.backend.tokenizer
-        prompts = []
-        for r in rubrics:
-            chat = [{"role": "system", "content": JUDGE_SYSTEM},
-                    {"role": "user", "content": f"{transcript[-4000:]}\n\nCriterion: {r}\nMet?"}]
-            text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-            prompts.append(list(tok(text, add_special_tokens=False)["input_ids"]))
-        gens = self.backend.generate(prompts, SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0))
-        return [g.text.strip().upper().startswith("YES") for g in gens]
+        super().__init__(backend, system=JUDGE_SYSTEM, max_new_tokens=max_new_tokens)
 
 
 def transcript(episode: BenchEpisode, world: VitaWorld | None) -> str:
@@ -415,11 +425,21 @@ def gold_world(item: BenchItem) -> VitaWorld:
     world = VitaWorld(t)
     alt = (t["evaluation_criteria"].get("expected_states") or [{}])[0]
     for want in alt.get("required_orders", []):
-        if want.get("order_id") in world.orders:  # a pre-existing order: drive it to the wanted status
+        have = world.orders.get(want.get("order_id"))
+        if have is not None and _order_matches({**want, "status": have["status"]}, have):
+            # a pre-existing order (same store and products): drive it to the wanted status
             if want["status"] == "cancelled":
                 world.call("cancel_order", {"order_id": want["order_id"]})
+            elif want["status"] in PAID and have["status"] == "unpaid":
+                world.call("pay_order", {"order_id": want["order_id"]})
             continue
-        if "reservation_id" in want:
+        if "book_id" in want:
+            r = world.call("book_table", {"shop_id": want.get("shop_id", ""), "book_time": want.get("book_time", ""),
+                                          "customer_count": want.get("customer_count", 1)})
+            oid = r.get("book_id")
+            if oid and want.get("status") in PAID and r.get("status") != "unpaid":
+                continue
+        elif "reservation_id" in want:
             r = world.call("make_reservation", {"shop_id": want.get("shop_id", ""),
                                                 "reservation_time": want.get("reservation_time", ""),
                                                 "customer_count": want.get("customer_count", 1)})

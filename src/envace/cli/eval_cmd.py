@@ -11,7 +11,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval", help="evaluate in the real world, with test-time private rehearsal and/or world-model fidelity",
         description="Examples: envace eval --model smollm2 --rehearse parallel --budget 4 | "
-                    "envace eval --model runs/ID/checkpoints/step-00000020 --sweep | envace eval --model X --fidelity")
+                    "envace eval --model runs/ID/checkpoints/step-00000020 --sweep | envace eval --model X --fidelity | "
+                    "envace eval --bench bfcl --category multi_turn_base --limit 20 (a paper benchmark; envace bench list)")
     p.add_argument("--model", default="smollm2",
                    help="smollm2 | tiny | a HF model or peft adapter dir | a training checkpoint dir "
                         "(its policy/ or caller/ sub-directory is found automatically)")
@@ -47,10 +48,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs", help="parent folder of the run directory")
     p.add_argument("--name", default=None, help="run directory name (default eval-<time>-<id>)")
+    from envace.cli.bench_cmd import add_eval_arguments
+
+    add_eval_arguments(p, bench_required=False, common=False)
     p.set_defaults(func=_run)
 
 
+def _run_bench(args: argparse.Namespace) -> int:
+    from envace.cli.bench_cmd import job_from_args
+    from envace.experiments.bench_job import run_bench_job
+
+    wrong = [flag for flag, on in (("--rehearse", args.rehearse != "none"), ("--sweep", args.sweep),
+                                   ("--fidelity", args.fidelity), ("--task-file", args.task_file is not None))
+             if on]
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)} cannot be combined with --bench (benchmark evaluation runs one "
+                         "committed episode per entry; use --source rehearsal for rehearsed tool responses)")
+    run_bench_job(job_from_args(args))
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.bench:
+        return _run_bench(args)
     job = EvalJob(
         model=args.model, world=args.world, task_file=args.task_file, split=args.split, tasks=args.tasks,
         rehearse=args.rehearse, budget=args.budget, sweep=args.sweep,

@@ -16,7 +16,8 @@ from typing import Any
 
 from envace.benchmarks.registry import get_adapter
 from envace.experiments.bench_runner import BenchRealSource, ScriptedUser, run_bench_episodes
-from envace.experiments.factory import GenerationSettings, load_backend, make_actor, make_source
+from envace.experiments.eval_models import load_eval_backend
+from envace.experiments.factory import GenerationSettings, make_actor, make_source
 from envace.experiments.rundir import RunDir
 from envace.experiments.summary import print_summary, summary_markdown
 
@@ -42,6 +43,8 @@ class BenchJob:
     temperature: float = 0.0
     tool_format: str = "compact"
     max_batch: int = 8
+    threads: int | None = None  # torch CPU threads (None: torch's default)
+    device: str = "cpu"
     seed: int = 0
     out: str = "runs"
     name: str | None = None
@@ -56,9 +59,20 @@ def _prompt_style(fmt: str):
 def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
     """``backend``: an already loaded policy backend (tests pass the tiny model)."""
     adapter = get_adapter(job.bench)
-    ok, why = adapter.available()
+    from pathlib import Path
+
+    ok, why = adapter.available(Path(job.data_dir) if job.data_dir else None)
     if not ok:
         raise ValueError(f"benchmark {job.bench} is not available: {why}")
+    cats = {c.name: c for c in adapter.categories()}
+    for cat in job.categories:
+        c = cats.get(cat)
+        if c is not None and not c.runnable:
+            raise ValueError(f"{job.bench} category {cat!r} is not runnable here: {c.reason}")
+    allowed = getattr(adapter, "sources", ("real", "rehearsal", "simulator"))
+    if job.source not in allowed:
+        raise ValueError(f"{job.bench} cannot run with --source {job.source}: {getattr(adapter, 'sources_note', '')} "
+                         f"(use one of {', '.join(allowed)})")
     items = []
     for cat in job.categories:
         got = adapter.load(cat, limit=(job.offset + job.limit) if job.limit else None, data_dir=job.data_dir,
@@ -71,20 +85,28 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
     gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.max_new_tokens,
                              max_prompt_tokens=job.max_prompt_tokens, temperature=job.temperature,
                              max_batch=job.max_batch, style=_prompt_style(job.tool_format))
-    policy = backend if backend is not None else load_backend(job.model, job.max_batch)
+    if job.threads:
+        import torch
+
+        torch.set_num_threads(job.threads)
+
+    def load(spec: str):
+        return load_eval_backend(spec, job.max_batch, job.device)
+
+    policy = backend if backend is not None else load(job.model)
     if job.source == "real":
         source = BenchRealSource(adapter, items)
     else:
         sim = None
         if job.source == "simulator":
-            sim = policy if job.sim_model in (None, job.model) else load_backend(job.sim_model, job.max_batch)
+            sim = policy if job.sim_model in (None, job.model) else load(job.sim_model)
         source = make_source(job.source, policy, gen, job.seed, simulator=sim)
     user = ScriptedUser()
     if hasattr(adapter, "make_user"):
-        user_backend = policy if job.user_model in (None, job.model) else load_backend(job.user_model, job.max_batch)
+        user_backend = policy if job.user_model in (None, job.model) else load(job.user_model)
         user = adapter.make_user(user_backend, seed=job.seed) or user
     if hasattr(adapter, "set_judge"):
-        judge_backend = policy if job.judge_model in (None, job.model) else load_backend(job.judge_model, job.max_batch)
+        judge_backend = policy if job.judge_model in (None, job.model) else load(job.judge_model)
         adapter.set_judge(judge_backend)
     t0 = time.perf_counter()
     results = run_bench_episodes(items, make_actor(policy, gen, job.seed), source, user, group_size=job.group_size,

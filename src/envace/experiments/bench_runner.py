@@ -70,7 +70,8 @@ class _Ep:
     index: int
     task: Task
     state: Any
-    history: list[Message] = field(default_factory=list)
+    history: list[Message] = field(default_factory=list)  # what the caller sees after the first user message
+    log: list[Message] = field(default_factory=list)  # what happened (differs from history under turn_context)
     turns: list[list[list[ToolCall]]] = field(default_factory=lambda: [[]])
     samples: list[TurnSample] = field(default_factory=list)
     earlier: list[tuple[ToolCall, str]] = field(default_factory=list)
@@ -84,17 +85,22 @@ class _Ep:
     opening: str = ""  # the user's first message (the task instruction, or a simulated user's opening)
     started: float = field(default_factory=time.perf_counter)
 
+    def add(self, message: Message) -> None:
+        self.history.append(message)
+        self.log.append(message)
+
     def episode(self) -> BenchEpisode:
         return BenchEpisode(item_id=self.item.id, turns=self.turns, messages=self.conversation(),
                             force_terminated=self.forced, stop_reason=self.stop_reason or "max_turns")
 
     def conversation(self) -> list[Message]:
-        """What the caller saw: the first user message (policy preamble included), then the rest."""
-        return [Message(role="user", content=self.task.instruction), *self.history]
+        """The first user message (policy preamble included), then every later user, caller and tool
+        message of the episode (the caller's own turns even where a turn was shown gold history)."""
+        return [Message(role="user", content=self.task.instruction), *self.log]
 
     def user_view(self) -> list[Message]:
         """What the user saw and said: its own opening, then the conversation."""
-        return [Message(role="user", content=self.opening), *self.history]
+        return [Message(role="user", content=self.opening), *self.log]
 
 
 def _with_tools(task: Task, item: BenchItem, user_turn: int) -> Task:
@@ -132,14 +138,17 @@ def run_bench_episodes(items: list[BenchItem], actor: Actor, source: ResponseSou
             replies = user.respond([e.item for e in waiting], [e.user_view() for e in waiting])
             for e, text in zip(waiting, replies):
                 e.awaiting_user = False
-                n_user = sum(1 for m in e.history if m.role == "user") + 1
+                n_user = sum(1 for m in e.log if m.role == "user") + 1
                 if text is None:
                     e.stop_reason = "final_answer"
                     continue
                 if n_user > max_user_turns:
                     e.stop_reason, e.forced = "max_turns", True
                     continue
-                e.history.append(Message(role="user", content=text))
+                ctx = e.item.turn_context.get(len(e.turns))
+                if ctx is not None:  # the benchmark conditions this turn on its own (gold) history
+                    e.history = [m.model_copy(deep=True) for m in ctx]
+                e.add(Message(role="user", content=text))
                 e.turns.append([])
                 e.steps = 0
                 e.task = _with_tools(e.task, e.item, len(e.turns) - 1)
@@ -156,7 +165,7 @@ def run_bench_episodes(items: list[BenchItem], actor: Actor, source: ResponseSou
             ct = read_caller_turn(at, e.task, e.item.id, e.index, k)
             if ct.sample is not None:
                 e.samples.append(ct.sample)
-            e.history.append(ct.message)
+            e.add(ct.message)
             if ct.final:
                 e.awaiting_user = True
                 if not e.item.execute:  # single-response benchmark: the reply is the answer
@@ -182,8 +191,8 @@ def run_bench_episodes(items: list[BenchItem], actor: Actor, source: ResponseSou
                 if resp.sample is not None:
                     e.samples.append(resp.sample)
                 e.sim_format_failures += int(not resp.format_ok)
-                e.history.append(Message(role="tool", name=c.name if c else None, content=resp.text,
-                                         rehearsed=resp.rehearsed))
+                e.add(Message(role="tool", name=c.name if c else None, content=resp.text,
+                              rehearsed=resp.rehearsed))
                 if c is not None:
                     e.earlier.append((c, resp.text))
             limit = max_steps or e.item.max_steps
