@@ -65,6 +65,11 @@ class SFTConfig(_Section):
     micro_batch_tokens: int = Field(4096, ge=64)
     batch_samples: int = Field(16, ge=1, description="samples per optimiser step")
     schedule: Literal["constant", "cosine"] = "cosine"
+    copy_warmup_steps: int = Field(0, ge=0, description="steps on repeated random spans before SFT "
+                                   "(for models trained from scratch; see train/copy_warmup.py)")
+    copy_warmup_lr: float = Field(1e-3, gt=0)
+    copy_warmup_vocab: int = Field(256, ge=2, description="the most frequent data tokens the spans are drawn from")
+    copy_warmup_span: int = Field(16, ge=2)
     roles: list[Literal["caller", "simulator"]] = Field(default_factory=lambda: ["caller", "simulator"])
     init_from: str | None = Field(None, description="reuse the warm start of an earlier run: its <run>/sft dir")
 

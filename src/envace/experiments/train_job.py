@@ -25,6 +25,7 @@ from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import RealSource
 from envace.train.advantages import advantage_stats, compute_advantages
 from envace.train.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from envace.train.copy_warmup import copy_warmup, data_vocabulary
 from envace.train.sft import oracle_sft_samples, run_sft
 from envace.train.step import UpdaterConfig, update_for_mode, updaters_for_mode
 
@@ -93,8 +94,19 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     pool = train_tasks(cfg)
     tasks = random.Random(cfg.seed).sample(pool, min(cfg.sft.trajectories, len(pool)))
     samples = oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles)
-    log(f"SFT warm start: {len(tasks)} oracle trajectories, {len(samples)} samples, {cfg.sft.epochs} epochs")
     t0 = time.perf_counter()
+    if cfg.sft.copy_warmup_steps:
+        vocab = data_vocabulary((s.prompt_ids + s.gen_ids for s in samples), limit=cfg.sft.copy_warmup_vocab)
+        bar = StepProgress("copy warm-up", total=cfg.sft.copy_warmup_steps)
+        cw = copy_warmup(policy, vocab, cfg.sft.copy_warmup_steps, lr=cfg.sft.copy_warmup_lr,
+                         span=cfg.sft.copy_warmup_span, seed=cfg.seed,
+                         on_step=lambda s, n, loss: bar.update(s, n, {"loss": loss}))
+        bar.close()
+        log(f"copy warm-up: {cw.steps} steps over {cw.vocabulary} data tokens, loss {cw.first_loss:.3f} -> "
+            f"{cw.last_loss:.3f}, copy accuracy {cw.accuracy:.3f}")
+        run.log_metrics({"phase": "sft", "step": 0, "copy/last_loss": cw.last_loss, "copy/accuracy": cw.accuracy,
+                         "copy/seconds": time.perf_counter() - t0})
+    log(f"SFT warm start: {len(tasks)} oracle trajectories, {len(samples)} samples, {cfg.sft.epochs} epochs")
     bar = StepProgress("sft", total=None)
     stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
                     batch_samples=cfg.sft.batch_samples, schedule=cfg.sft.schedule,

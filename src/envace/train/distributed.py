@@ -40,7 +40,7 @@ from torch import nn
 from envace.core.types import Role, Trajectory, TurnSample
 from envace.train.advantages import ScoredSample, compute_advantages, is_empty_generation
 from envace.train.batching import padding_fraction, split_micro_batches
-from envace.train.grpo_loss import ROLES, grpo_loss, merge_loss_stats, role_normalizers
+from envace.train.grpo_loss import ROLES, decoder_and_head, grpo_loss, merge_loss_stats, role_normalizers
 from envace.train.modes import ModeSpec
 from envace.train.step import GRPOUpdater, update_for_mode
 
@@ -115,16 +115,6 @@ class DistributedUpdater:
         return self.updater.config
 
 
-def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
-    """The body and vocabulary head of an HF causal LM, peft-wrapped or not (as grpo_loss finds them)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    get_dec, get_head = getattr(base, "get_decoder", None), getattr(base, "get_output_embeddings", None)
-    if get_dec is None or get_head is None:
-        return None
-    decoder, head = get_dec(), get_head()
-    return (decoder, head) if decoder is not None and head is not None else None
-
-
 class _HiddenStates(nn.Module):
     """What DDP wraps: the LM's decoder (hidden states), so the loss can run the vocabulary head
     on the generated positions only, as in one process. It holds the whole LM, so DDP registers
@@ -136,7 +126,7 @@ class _HiddenStates(nn.Module):
         self.lm = lm
 
     def forward(self, **kwargs: Any) -> Any:
-        parts = _decoder_and_head(self.lm)
+        parts = decoder_and_head(self.lm)
         assert parts is not None
         return parts[0](**kwargs)
 
@@ -156,7 +146,7 @@ class _DDPScorer(nn.Module):
         return self.wrapped
 
     def get_output_embeddings(self) -> Any:
-        head = _decoder_and_head(self._lm[0])[1]  # type: ignore[index]
+        head = decoder_and_head(self._lm[0])[1]  # type: ignore[index]
         accelerator = self._accelerator
 
         def run(h: torch.Tensor) -> torch.Tensor:
@@ -199,7 +189,7 @@ def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
     out: dict[str, DistributedUpdater] = {}
     for key, up in updaters.items():
-        if kind not in _SHARDED and _decoder_and_head(up.model) is not None:
+        if kind not in _SHARDED and decoder_and_head(up.model) is not None:
             wrapped, optimizer = accelerator.prepare(_HiddenStates(up.model), up.optimizer)
             scorer: nn.Module = _DDPScorer(accelerator, wrapped, up.model)
         else:

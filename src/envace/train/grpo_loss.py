@@ -39,7 +39,7 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     """The body (hidden states) and the vocabulary head of an HF causal LM, peft-wrapped or not."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     get_dec = getattr(base, "get_decoder", None)
@@ -69,7 +69,7 @@ def token_logprobs(
     """
     device = model_device(model)
     mask = packed.token_mask.to(device)
-    parts = _decoder_and_head(model)
+    parts = decoder_and_head(model)
     if parts is None:
         return _window_logprobs(model, packed, temperature, with_entropy)
     decoder, head = parts

@@ -1,0 +1,88 @@
+"""Copy warm-up: a few hundred cheap steps on repeated random token spans before SFT.
+
+Tool use is mostly copying: an id from a tool result into the next call, a value into the
+answer, a name from the request into a search. A model trained from scratch has to discover the
+circuit that does this (an induction head) from the SFT data, and within a CPU budget it does
+not: measured on ``llama:128x2``, four SFT epochs over 225 oracle trajectories (15 min on one
+core) left it writing hallucinated ids. On ``[x1..xn x1..xn]`` sequences, where every token of
+the second half can be copied and nothing else helps, the same model reaches 100% copy accuracy
+in about 80 steps (~15 s); SFT then only has to learn *what* to copy.
+
+Spans are drawn from the token ids the task data uses, so the embeddings SFT needs are the
+ones trained; the softmax is over the whole vocabulary (over the data ids only, training
+accuracy reaches 100% while greedy decoding over the full vocabulary still picks untrained
+ids). Pretrained models know how to copy: leave it off for them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from envace.train.grpo_loss import decoder_and_head, model_device
+
+
+@dataclass
+class CopyWarmupStats:
+    steps: int
+    vocabulary: int
+    first_loss: float
+    last_loss: float
+    accuracy: float  # greedy copy accuracy on the last step's batch
+
+
+def data_vocabulary(sequences: Iterable[Iterable[int]], limit: int = 4096) -> list[int]:
+    """The ``limit`` most frequent token ids of ``sequences`` (ties broken by id: deterministic)."""
+    counts = Counter(t for seq in sequences for t in seq)
+    return [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
+
+
+def copy_warmup(model: nn.Module, vocabulary: list[int], steps: int, lr: float = 3e-3, span: int = 24,
+                batch: int = 32, seed: int = 0,
+                on_step: Callable[[int, int, float], None] | None = None) -> CopyWarmupStats:
+    """Train ``model`` to repeat random spans of ``vocabulary`` tokens: rows ``[x filler x]`` with
+    ``len(x)`` in ``[span/3, span]`` and up to ``span`` filler tokens, loss on the repeat. Needs
+    an HF causal LM (body + vocabulary head)."""
+    if steps <= 0:
+        raise ValueError("copy_warmup: steps must be positive")
+    if len(vocabulary) < 2:
+        raise ValueError("copy_warmup: the vocabulary needs at least two tokens")
+    parts = decoder_and_head(model)
+    if parts is None:
+        raise ValueError("copy_warmup needs a Hugging Face causal LM (a decoder and an output embedding)")
+    decoder, head = parts
+    device = model_device(model)
+    vocab = torch.tensor(vocabulary, dtype=torch.long, device=device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    first = last = float("nan")
+    acc = 0.0
+    model.train()
+    for step in range(1, steps + 1):
+        # A span length and a gap drawn per step: with one fixed layout a model learns "look back
+        # n positions", which copies nothing in real data; varying both forces matching on content.
+        n = int(torch.randint(max(2, span // 3), span + 1, (1,), generator=gen))
+        gap = int(torch.randint(0, span + 1, (1,), generator=gen))
+        idx = torch.randint(0, len(vocabulary), (batch, n + gap), generator=gen).to(device)
+        ids, filler = vocab[idx[:, :n]], vocab[idx[:, n:]]
+        hidden = decoder(input_ids=torch.cat([ids, filler, ids], 1), use_cache=False).last_hidden_state
+        h = hidden[:, n + gap - 1: 2 * n + gap - 1]  # position k predicts token k+1: the repeat
+        logits = head(h).float()
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        last = float(loss.detach())
+        first = last if step == 1 else first
+        acc = float((logits.detach().argmax(-1) == ids).float().mean())
+        if on_step is not None:
+            on_step(step, steps, last)
+    model.eval()
+    return CopyWarmupStats(steps=steps, vocabulary=len(vocabulary), first_loss=first, last_loss=last, accuracy=acc)
