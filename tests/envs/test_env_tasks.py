@@ -186,3 +186,11 @@ def test_same_tasks_in_a_fresh_process_with_another_hash_seed():
     here = hashlib.sha256("".join(t.model_dump_json() for w in ("shop", "calendar", "bank")
                                   for t in generate_tasks(w, n=12)).encode()).hexdigest()
     assert out == here
+
+
+def test_more_tasks_per_world_keep_the_first_ones_and_difficulty_filter_builds_only_those():
+    more = generate_tasks("bank", n=330, difficulties=[1])
+    assert [t.difficulty for t in more] == [1] * len(more)
+    assert more == [t for t in generate_tasks("bank", n=330) if t.difficulty == 1]
+    assert more[:100] == [t for t in generate_tasks("bank") if t.difficulty == 1]
+    assert len(more) == 110

@@ -94,6 +94,7 @@ class TrainConfig(_Section):
     task_file: str | None = None
     difficulties: list[int] | None = Field(None, description="task difficulty levels to use (default: all)")
     tool_distractors: int | None = Field(None, ge=0, description="show only needed tools + N others (default: all tools)")
+    tasks_per_world: int = Field(300, ge=1, description="generated tasks per embedded world (ids 0..N-1, both splits)")
     n_examples: int = Field(3, ge=0, description="real call/result examples per generated task (simulator grounding)")
     grounding: Literal["covering", "disjoint"] = Field(
         "covering", description="covering: examples show the looked-up values a rehearsal needs; disjoint: never")

@@ -35,7 +35,7 @@ def restrict_tools(task: Task, distractors: int) -> Task:
 def select_tasks(world: str | None, split: str = "test", limit: int | None = None,
                  task_file: str | Path | None = None, difficulties: list[int] | None = None,
                  tool_distractors: int | None = None, n_examples: int = 3,
-                 grounding: str = "covering") -> list[Task]:
+                 grounding: str = "covering", tasks_per_world: int = 300) -> list[Task]:
     """Tasks of ``split`` (train | test | all). ``tool_distractors=None`` shows every tool;
     ``n_examples`` and ``grounding`` set the embedded generator's simulator examples."""
     if task_file is not None:
@@ -48,8 +48,8 @@ def select_tasks(world: str | None, split: str = "test", limit: int | None = Non
         if unknown:
             raise ValueError(f"unknown world(s) {unknown}; known: {world_names()}")
         wanted = None if split == "all" else split
-        per_world = [[t for t in load_tasks(w, wanted, n_examples=n_examples, grounding=grounding) if difficulties is None or t.difficulty in difficulties]
-                     for w in names]
+        per_world = [load_tasks(w, wanted, n_examples=n_examples, grounding=grounding, n=tasks_per_world,
+                                difficulties=difficulties) for w in names]
         # Interleave worlds so that a limit takes from each of them.
         tasks = [t for group in zip(*per_world) for t in group]
         tasks += [t for ts in per_world for t in ts[min(map(len, per_world)):]]

@@ -48,12 +48,12 @@ def generation_settings(cfg: TrainConfig, temperature: float | None = None) -> G
 
 def train_tasks(cfg: TrainConfig) -> list[Task]:
     return select_tasks(",".join(cfg.worlds), "train", None, cfg.task_file, cfg.difficulties, cfg.tool_distractors,
-                        cfg.n_examples, cfg.grounding)
+                        cfg.n_examples, cfg.grounding, cfg.tasks_per_world)
 
 
 def eval_tasks(cfg: TrainConfig) -> list[Task]:
     tasks = select_tasks(",".join(cfg.worlds), cfg.eval.split, cfg.eval.tasks, cfg.task_file, cfg.difficulties,
-                         cfg.tool_distractors, cfg.n_examples, cfg.grounding)
+                         cfg.tool_distractors, cfg.n_examples, cfg.grounding, cfg.tasks_per_world)
     missing = [t.id for t in tasks if t.env is None]
     if missing:
         raise ValueError(f"evaluation needs tasks with a real world ('env'); {len(missing)} have none, e.g. {missing[0]}")
