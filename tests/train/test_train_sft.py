@@ -9,7 +9,8 @@ import torch
 from envace.core.prompts import PromptStyle
 from envace.envs import load_tasks
 from envace.policy.loading import load_model
-from envace.train.sft import merge_turns, oracle_sft_samples, sft_loss
+from envace.train.batching import merge_turns
+from envace.train.sft import oracle_sft_samples, sft_loss
 
 
 @pytest.fixture(scope="module")

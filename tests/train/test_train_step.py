@@ -192,3 +192,37 @@ def test_plain_module_trains():
     with torch.no_grad():
         after, _ = grpo_loss(model, batch)
     assert after.item() < before.item()
+
+
+def _turn_scored(model, tok):
+    """Per-turn caller samples of real 3-call oracle episodes (shop), with the model's own
+    log-probs as the sampler's and made-up advantages, so that every sample carries loss."""
+    from envace.core.prompts import PromptStyle
+    from envace.envs import load_tasks
+    from envace.train.advantages import ScoredSample
+    from envace.train.sft import oracle_sft_samples
+    from train_helpers import sampler_logprobs
+
+    turns = oracle_sft_samples(load_tasks("shop", "train", limit=3), tok, PromptStyle(), roles=["caller"],
+                               merge_caller=False)
+    return [ScoredSample(sample=t.model_copy(update={"logprobs": sampler_logprobs(model, t.prompt_ids, t.gen_ids)}),
+                         advantage=0.5 if t.group_id.endswith("0") else -0.25, reward=0.0) for t in turns]
+
+
+def test_merging_a_trajectorys_turns_gives_the_same_gradient():
+    from envace.policy.loading import load_model
+    from envace.train.batching import merge_trajectory_turns
+
+    model, tok = load_model("tiny")
+    scored = _turn_scored(model, tok)
+    merged = merge_trajectory_turns(scored)
+    assert len(merged) == 3 < len(scored)
+    assert sum(s.n_tokens for s in merged) == sum(s.n_tokens for s in scored)
+    grads = []
+    for merge in (True, False):
+        up = GRPOUpdater(copy.deepcopy(model), UpdaterConfig(lr=1e-3, merge_turns=merge, pad_id=tok.pad_token_id))
+        stats = up.compute_gradients(scored)
+        grads.append((stats["loss"], [p.grad.clone() for p in up.params if p.grad is not None]))
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5)
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

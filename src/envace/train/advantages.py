@@ -30,7 +30,8 @@ class ScoredSample:
 
     @property
     def n_tokens(self) -> int:
-        return len(self.sample.gen_ids)
+        """Tokens that carry loss."""
+        return self.sample.target_count
 
 
 def is_empty_generation(sample: TurnSample, content_free_ids: Collection[int] = ()) -> bool:

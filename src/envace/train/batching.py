@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from envace.core.types import Role
+from envace.core.types import Role, TurnSample
 from envace.train.advantages import ScoredSample
 
 
@@ -38,6 +38,53 @@ class PackedBatch:
     def role_mask(self, role: Role) -> torch.Tensor:
         """[B] bool: rows of ``role``."""
         return torch.tensor([r == role for r in self.roles], dtype=torch.bool)
+
+
+def merge_turns(turns: Sequence[TurnSample]) -> TurnSample | None:
+    """One sample holding several turns of one conversation: the first turn's prompt, then every
+    later token, with loss (and the sampler's log-probs) only on the turns' own tokens. Training
+    on it costs one forward pass over the conversation instead of one per turn, whose prompts
+    repeat all earlier turns.
+
+    None unless each turn's prompt extends the previous prompt and generation token for token
+    (true of templates that render history verbatim, when the sampled tokens are the ones the
+    tokenizer gives for their text; otherwise the turns stay separate samples).
+    """
+    if not turns:
+        return None
+    seq = list(turns[0].prompt_ids)
+    mask: list[bool] = []
+    logprobs: list[float] = []
+    for t in turns:
+        if t.prompt_ids[: len(seq)] != seq:
+            return None
+        context = t.prompt_ids[len(seq):]
+        seq += context + t.gen_ids
+        mask += [False] * len(context) + [True] * len(t.gen_ids)
+        logprobs += [0.0] * len(context) + list(t.logprobs)
+    gen = seq[len(turns[0].prompt_ids):]
+    return turns[0].model_copy(update={"gen_ids": gen, "logprobs": logprobs, "loss_mask": mask})
+
+
+def merge_trajectory_turns(batch: Sequence[ScoredSample], roles: Sequence[Role] = ("caller",)) -> list[ScoredSample]:
+    """Merge each trajectory's consecutive turns of ``roles`` that share an advantage (``merge_turns``).
+
+    Only for token-mean losses: the loss is the same sum over the same tokens, so only the cost
+    changes (measured on caller turns of 3-turn episodes: about half the tokens). Simulator
+    prompts are fresh per call and never extend each other, so they are left alone.
+    """
+    runs: dict[tuple, list[ScoredSample]] = {}
+    out: list[ScoredSample] = []
+    for s in batch:
+        if s.role in roles and s.sample.loss_mask is None:
+            runs.setdefault((s.sample.group_id, s.sample.trajectory_index, s.role, s.advantage, s.reward), []).append(s)
+        else:
+            out.append(s)
+    for (_, _, _, advantage, reward), run in runs.items():
+        run = sorted(run, key=lambda s: s.sample.turn)
+        merged = merge_turns([s.sample for s in run]) if len(run) > 1 else None
+        out += [ScoredSample(sample=merged, advantage=advantage, reward=reward)] if merged is not None else run
+    return out
 
 
 def sequence_length(s: ScoredSample) -> int:

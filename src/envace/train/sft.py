@@ -23,35 +23,13 @@ from envace.rollout.actors import OracleActor
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import RealSource
 from envace.train.advantages import ScoredSample
-from envace.train.batching import pack_samples, split_micro_batches
+from envace.train.batching import merge_turns, pack_samples, split_micro_batches
 from envace.train.grpo_loss import token_logprobs
 from envace.train.step import trainable_parameters
 
 
 def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def merge_turns(turns: Sequence[TurnSample]) -> TurnSample | None:
-    """One sample holding several turns of one conversation: the first turn's prompt, then every
-    later token, with loss only on the turns' own tokens. Training on it costs one forward pass
-    over the conversation instead of one per turn (the caller's SFT tokens fall ~2x).
-
-    None unless each turn's prompt extends the previous prompt and target token for token
-    (true of templates that render history verbatim; the caller then keeps separate samples).
-    """
-    if not turns:
-        return None
-    seq = list(turns[0].prompt_ids)
-    mask: list[bool] = []
-    for t in turns:
-        if t.prompt_ids[: len(seq)] != seq:
-            return None
-        context = t.prompt_ids[len(seq):]
-        seq += context + t.gen_ids
-        mask += [False] * len(context) + [True] * len(t.gen_ids)
-    gen = seq[len(turns[0].prompt_ids):]
-    return turns[0].model_copy(update={"gen_ids": gen, "logprobs": [0.0] * len(gen), "loss_mask": mask})
 
 
 def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,

@@ -14,7 +14,7 @@ from torch import nn
 
 from envace.core.types import Role
 from envace.train.advantages import ScoredSample
-from envace.train.batching import padding_fraction, split_micro_batches
+from envace.train.batching import merge_trajectory_turns, padding_fraction, split_micro_batches
 from envace.train.grpo_loss import LossAgg, grpo_loss, merge_loss_stats, role_normalizers
 from envace.train.modes import ModeSpec
 
@@ -40,6 +40,8 @@ class UpdaterConfig:
     # Zero-advantage samples add exactly nothing to the policy-gradient loss; without a KL term
     # they need no forward pass (they still count in the token_mean denominator).
     skip_zero_advantage: bool = True
+    # token_mean only: a trajectory's caller turns run as one sequence where prompts allow.
+    merge_turns: bool = True
 
     def role_weights(self) -> dict[Role, float]:
         return {"caller": self.caller_weight, "simulator": self.simulator_weight}
@@ -100,6 +102,9 @@ class GRPOUpdater:
             kept = [s for s in batch if s.advantage != 0.0]
             skipped = len(batch) - len(kept)
             batch = kept
+        unmerged = len(batch)
+        if cfg.merge_turns and cfg.agg == "token_mean":
+            batch = merge_trajectory_turns(batch)
         micro = split_micro_batches(batch, cfg.micro_batch_tokens) if batch else []
         parts: list[dict[str, float]] = []
         for mb in micro:
@@ -124,6 +129,7 @@ class GRPOUpdater:
         out["micro_batches"] = float(len(micro))
         out["padding_frac"] = padding_fraction(micro)
         out["skipped_zero_adv"] = float(skipped)
+        out["merged_away"] = float(unmerged - len(batch))  # turns that rode along in a merged sequence
         return out
 
     def step(self, scored: Sequence[ScoredSample]) -> dict[str, float]:
