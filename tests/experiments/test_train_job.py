@@ -97,3 +97,35 @@ def test_resume_drops_log_rows_after_the_checkpoint(tmp_path):
                     log=lambda *_: None)
     assert _train_rows(resumed)[2]["reward"] != 123.0
     assert [r["step"] for r in resumed.metrics() if r["phase"] == "train"] == [1, 2]
+
+
+def test_a_killed_run_resumes_and_redoes_the_lost_step_identically(tmp_path):
+    """SIGKILL mid-run (no clean shutdown), then ``envace train --resume``: the steps after the
+    last checkpoint are redone exactly as an uninterrupted run does them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = _cfg(tmp_path, steps=4)
+    full = train(load_config(cfg, ["out=" + str(tmp_path / "full")]), log=lambda *_: None)
+    out = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "envace.cli.main", "train", "--config", str(cfg),
+                             "--set", f"out={out}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(out.glob("*/checkpoints/step-00000002")):
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (run_dir,) = list(out.iterdir())
+    done = sorted(r["step"] for r in RunDir(run_dir).metrics() if r["phase"] == "train")
+    assert 2 <= done[-1] < 4, done  # killed before the end
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    again, rows = _train_rows(RunDir(run_dir)), _train_rows(full)
+    assert sorted(again) == [1, 2, 3, 4]
+    for step in (3, 4):
+        for k in ("reward", "policy/loss"):
+            assert again[step][k] == pytest.approx(rows[step][k], rel=1e-4, abs=1e-6), (step, k)

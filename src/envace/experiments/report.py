@@ -20,13 +20,17 @@ def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-
         ev = [r for r in rows if r.get("phase") == "eval"]
         tr = [r for r in rows if r.get("phase") == "train"]
         if ev:
-            ax1.plot([r["step"] for r in ev], [r["eval/success"] for r in ev], marker="o", label=label)
+            line, = ax1.plot([r["step"] for r in ev], [r["eval/success"] for r in ev], marker="o",
+                             label=f"{label} success")
+            # the checklist fraction moves before full success does: the earlier sign of learning
+            ax1.plot([r["step"] for r in ev], [r.get("eval/reward", float("nan")) for r in ev], ":", marker=".",
+                     color=line.get_color(), label=f"{label} reward")
         if tr:
             for role, style in (("caller", "-"), ("simulator", "--")):
                 pts = [(r["step"], r[f"reward/{role}"]) for r in tr if f"reward/{role}" in r]
                 if pts:
                     ax2.plot(*zip(*pts), style, label=f"{label} {role}")
-    ax1.set_xlabel("step"), ax1.set_ylabel("success (test split, real world)"), ax1.set_title(title)
+    ax1.set_xlabel("step"), ax1.set_ylabel("test split, real world"), ax1.set_title(title)
     ax2.set_xlabel("step"), ax2.set_ylabel("mean training reward"), ax2.set_title("training reward per role")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
