@@ -3,12 +3,19 @@
 A hand-written decode loop rather than ``model.generate``: it gives exact per-token logprobs
 under the sampling temperature, stop strings that keep the stop text, and per-row seeds, with
 one forward per step over only the rows still running (finished rows leave the KV cache).
+
+Prompts that share a prefix are prefilled in two phases (see :func:`plan_shared_prefixes`): each
+shared prefix once, then every row's own suffix on top of a copy of its prefix's KV cache. A
+rollout's prompts are mostly shared prefix (the G episodes of a task share the system prompt,
+tools and instruction; at turn 0 they are identical), and prefill, not decoding, is most of a
+rollout's generation time on CPU (profiled for issue #6), so this is where batching pays.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,6 +52,10 @@ class TransformersBackend:
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids, default=0)
         self._cache_kwarg = _cache_kwarg(model)
+        # Two-phase prefill of shared prompt prefixes; False: always one padded prefill (the
+        # reference path, kept for comparison and tests). Same tokens either way, up to float
+        # rounding of the attention sums.
+        self.share_prefixes = True
 
     @classmethod
     def from_spec(cls, spec: str, dtype: torch.dtype = torch.float32, **kw: Any) -> "TransformersBackend":
@@ -60,9 +71,10 @@ class TransformersBackend:
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
-        # Similar lengths share a batch, so less compute goes into padding. Seeds follow the
+        # Similar lengths share a batch, so less compute goes into padding, and equal prompts
+        # (a group's G copies) sit together, so they share one prefill. Seeds follow the
         # prompt's original index, so this reordering never changes what is sampled.
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), list(prompts[i])))
         results: list[Generation | None] = [None] * len(prompts)
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling, even if a trainer left it in train mode
@@ -83,24 +95,22 @@ class TransformersBackend:
         self, prompts: Sequence[list[int]], indices: Sequence[int], params: SamplingParams
     ) -> list[Generation]:
         n = len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((n, width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left padding: every row's next token is last
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention[row, width - len(prompt) :] = 1
-        # Positions count real tokens only, so a padded row sees the positions it would alone.
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
-        next_position = attention.sum(-1)
-
         generators = None
         if params.seed is not None:
             generators = [
                 torch.Generator(device=self.device).manual_seed(row_seed(params.seed, i)) for i in indices
             ]
         cache = DynamicCache(config=self.model.config)
-        logits = self._forward(input_ids, attention, positions, cache, last_only=True)
+        plan = plan_shared_prefixes(prompts) if self.share_prefixes else None
+        if plan is None:
+            input_ids, attention = left_pad(prompts, self.pad_id)
+            # Positions count real tokens only, so a padded row sees the positions it would alone.
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+            input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
+            logits = self._forward(input_ids, attention, positions, cache, last_only=True)
+        else:
+            logits, attention = self._prefill_shared(prompts, plan, cache)
+        next_position = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
 
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
@@ -127,6 +137,30 @@ class TransformersBackend:
             logits = self._forward(chosen[:, None], attention, next_position[:, None], cache, last_only=False)
             next_position = next_position + 1
         return done  # type: ignore[return-value]
+
+    def _prefill_shared(
+        self, prompts: Sequence[list[int]], plan: "PrefixPlan", cache: DynamicCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Phase 1: each group's shared prefix once (one row per group). Phase 2: the cache rows
+        are copied out to one per prompt, and every prompt's suffix (at least one token) runs on
+        top, at the positions it has in the full prompt. The cache then holds, per row,
+        ``[pad][prefix][pad][suffix]``; the attention mask hides both pads. Returns the last
+        prompt position's logits and that mask."""
+        heads = [prompts[first][:length] for first, length in zip(plan.firsts, plan.prefix_len)]
+        head_ids, head_mask = left_pad(heads, self.pad_id)
+        head_pos = (head_mask.cumsum(-1) - 1).clamp(min=0)
+        head_ids, head_mask, head_pos = (t.to(self.device) for t in (head_ids, head_mask, head_pos))
+        self._forward(head_ids, head_mask, head_pos, cache, last_only=True)
+        group = torch.tensor(plan.group_of, dtype=torch.long, device=self.device)
+        cache.batch_select_indices(group)
+        tails = [p[plan.prefix_len[g]:] for p, g in zip(prompts, plan.group_of)]
+        tail_ids, tail_mask = left_pad(tails, self.pad_id)
+        tail_ids, tail_mask = tail_ids.to(self.device), tail_mask.to(self.device)
+        offset = torch.tensor([plan.prefix_len[g] for g in plan.group_of], dtype=torch.long, device=self.device)
+        tail_pos = offset[:, None] + (tail_mask.cumsum(-1) - 1).clamp(min=0)
+        attention = torch.cat([head_mask[group], tail_mask], dim=-1)
+        logits = self._forward(tail_ids, attention, tail_pos, cache, last_only=True)
+        return logits, attention
 
     def _forward(
         self,
@@ -205,6 +239,84 @@ def sample_rows(probs: torch.Tensor, top_p: float, generators: list[torch.Genera
     if order is not None:
         picked = order.gather(-1, picked)
     return picked.squeeze(-1)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, W] token ids and attention mask, each row right-aligned (its next token is last)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+@dataclass(frozen=True)
+class PrefixPlan:
+    """How a batch's prompts share prefixes: ``group_of[row]`` is the row's group,
+    ``prefix_len[g]`` the tokens group ``g`` shares (each row keeps at least one token of its
+    own, whose logits start the generation), ``firsts[g]`` a row of the group."""
+
+    group_of: list[int]
+    prefix_len: list[int]
+    firsts: list[int]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def plan_shared_prefixes(prompts: Sequence[Sequence[int]], min_saving: float = 0.2) -> PrefixPlan | None:
+    """Group prompts by shared prefix when that cuts the prefill's padded token count by at
+    least ``min_saving``; None: one ordinary padded prefill is as cheap.
+
+    Prompts sorted lexicographically put shared prefixes next to each other; cutting that order
+    wherever two neighbours share fewer than T tokens gives groups whose prefix is the smallest
+    neighbour overlap inside. Every T among the neighbour overlaps is tried and the cheapest
+    kept, by padded tokens: groups x longest prefix (phase 1) + rows x longest suffix (phase 2),
+    against rows x longest prompt. A group of one puts all but its last token in phase 1.
+    """
+    n = len(prompts)
+    if n < 2 or min(len(p) for p in prompts) < 2:  # a phase-1 row needs at least one token
+        return None
+    order = sorted(range(n), key=lambda i: list(prompts[i]))
+    lens = [len(p) for p in prompts]
+    # Overlap of sorted neighbours, leaving each row at least one token of its own.
+    overlap = [min(_common_prefix(prompts[a], prompts[b]), lens[a] - 1, lens[b] - 1)
+               for a, b in zip(order, order[1:])]
+    baseline = n * max(lens)
+    best: tuple[int, list[list[int]], list[int]] | None = None
+    for threshold in sorted({t for t in overlap if t > 0}):
+        groups: list[list[int]] = [[order[0]]]
+        shared: list[int] = []
+        run_min: int | None = None
+        for k, row in enumerate(order[1:]):
+            if overlap[k] >= threshold:
+                groups[-1].append(row)
+                run_min = overlap[k] if run_min is None else min(run_min, overlap[k])
+            else:
+                shared.append(lens[groups[-1][0]] - 1 if run_min is None else run_min)
+                groups.append([row])
+                run_min = None
+        shared.append(lens[groups[-1][0]] - 1 if run_min is None else run_min)
+        row_prefix = {row: p for g, p in zip(groups, shared) for row in g}
+        cost = len(groups) * max(shared) + n * max(lens[r] - row_prefix[r] for r in range(n))
+        if best is None or cost < best[0]:
+            best = (cost, groups, shared)
+    if best is None or best[0] > (1.0 - min_saving) * baseline:
+        return None
+    _, groups, shared = best
+    group_of = [0] * n
+    for g, rows in enumerate(groups):
+        for row in rows:
+            group_of[row] = g
+    return PrefixPlan(group_of=group_of, prefix_len=shared, firsts=[rows[0] for rows in groups])
 
 
 def first_stop_end(text: str, stops: Sequence[str]) -> int | None:
