@@ -60,6 +60,8 @@ class LoraConfig(_Section):
 class SFTConfig(_Section):
     enabled: bool = True
     trajectories: int = Field(200, ge=1, description="oracle trajectories from the train split")
+    simulator_trajectories: int | None = Field(None, ge=0, description="of those, how many also give "
+                                               "simulator samples (default: all)")
     epochs: int = Field(2, ge=1)
     lr: float = Field(2e-4, gt=0)
     micro_batch_tokens: int = Field(4096, ge=64)

@@ -65,12 +65,19 @@ def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,
 
 
 def oracle_sft_samples(tasks: Sequence[Task], tokenizer, style: PromptStyle,
-                       roles: Sequence[Role] = ("caller", "simulator"), merge_caller: bool = True) -> list[TurnSample]:
+                       roles: Sequence[Role] = ("caller", "simulator"), merge_caller: bool = True,
+                       simulator_tasks: int | None = None) -> list[TurnSample]:
+    """SFT samples of the oracle's real trajectories on ``tasks``; simulator samples only from
+    the first ``simulator_tasks`` of them (None: all). Simulator targets are long JSON results:
+    on a CPU budget they cost most of the SFT tokens, while the caller needs the most epochs."""
     trajs, _ = run_episodes(list(tasks), OracleActor(), RealSource(), RolloutConfig(max_turns=12))
     bad = [t.task_id for t in trajs if t.reward < 1.0]
     if bad:
         raise ValueError(f"oracle failed on tasks {bad[:5]}: their references are inconsistent")
-    return [s for task, t in zip(tasks, trajs) for s in sft_samples(task, t, tokenizer, style, roles, merge_caller)]
+    n_sim = len(tasks) if simulator_tasks is None else simulator_tasks
+    return [s for i, (task, t) in enumerate(zip(tasks, trajs))
+            for s in sft_samples(task, t, tokenizer, style, [r for r in roles if r == "caller" or i < n_sim],
+                                 merge_caller)]
 
 
 @dataclass
