@@ -272,9 +272,15 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return k
 
 
-def plan_shared_prefixes(prompts: Sequence[Sequence[int]], min_saving: float = 0.2) -> PrefixPlan | None:
+def plan_shared_prefixes(
+    prompts: Sequence[Sequence[int]], min_saving: float = 0.2, limits: Sequence[int] | None = None
+) -> PrefixPlan | None:
     """Group prompts by shared prefix when that cuts the prefill's padded token count by at
     least ``min_saving``; None: one ordinary padded prefill is as cheap.
+
+    ``limits[i]``: the most tokens row i may put in a shared prefix (default ``len - 1``: the
+    last token, whose logits start generation, stays in phase 2; training passes the first
+    position whose hidden state it scores).
 
     Prompts sorted lexicographically put shared prefixes next to each other; cutting that order
     wherever two neighbours share fewer than T tokens gives groups whose prefix is the smallest
@@ -283,13 +289,13 @@ def plan_shared_prefixes(prompts: Sequence[Sequence[int]], min_saving: float = 0
     against rows x longest prompt. A group of one puts all but its last token in phase 1.
     """
     n = len(prompts)
-    if n < 2 or min(len(p) for p in prompts) < 2:  # a phase-1 row needs at least one token
+    lens = [len(p) for p in prompts]
+    cap = [min(c, n_tok - 1) for c, n_tok in zip(limits, lens)] if limits is not None else [k - 1 for k in lens]
+    if n < 2 or min(cap) < 1:  # a phase-1 row needs at least one token
         return None
     order = sorted(range(n), key=lambda i: list(prompts[i]))
-    lens = [len(p) for p in prompts]
     # Overlap of sorted neighbours, leaving each row at least one token of its own.
-    overlap = [min(_common_prefix(prompts[a], prompts[b]), lens[a] - 1, lens[b] - 1)
-               for a, b in zip(order, order[1:])]
+    overlap = [min(_common_prefix(prompts[a], prompts[b]), cap[a], cap[b]) for a, b in zip(order, order[1:])]
     baseline = n * max(lens)
     best: tuple[int, list[list[int]], list[int]] | None = None
     for threshold in sorted({t for t in overlap if t > 0}):
@@ -301,10 +307,10 @@ def plan_shared_prefixes(prompts: Sequence[Sequence[int]], min_saving: float = 0
                 groups[-1].append(row)
                 run_min = overlap[k] if run_min is None else min(run_min, overlap[k])
             else:
-                shared.append(lens[groups[-1][0]] - 1 if run_min is None else run_min)
+                shared.append(cap[groups[-1][0]] if run_min is None else run_min)
                 groups.append([row])
                 run_min = None
-        shared.append(lens[groups[-1][0]] - 1 if run_min is None else run_min)
+        shared.append(cap[groups[-1][0]] if run_min is None else run_min)
         row_prefix = {row: p for g, p in zip(groups, shared) for row in g}
         cost = len(groups) * max(shared) + n * max(lens[r] - row_prefix[r] for r in range(n))
         if best is None or cost < best[0]:

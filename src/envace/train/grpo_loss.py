@@ -16,7 +16,12 @@ from torch import nn
 
 from envace.core.types import Role
 from envace.train.advantages import ScoredSample
+from envace.policy.transformers_backend import plan_shared_prefixes
 from envace.train.batching import PackedBatch, pack_samples
+
+# Run a micro-batch's shared prompt prefixes once (see ``_decoder_hidden``); False: one plain
+# forward over the padded rows (the reference path, kept for comparison and tests).
+SHARE_PREFIXES = True
 
 LossAgg = Literal["token_mean", "seq_mean"]
 ROLES: tuple[Role, ...] = ("caller", "simulator")
@@ -73,10 +78,11 @@ def token_logprobs(
     if parts is None:
         return _window_logprobs(model, packed, temperature, with_entropy)
     decoder, head = parts
-    hidden = decoder(input_ids=packed.input_ids.to(device), attention_mask=packed.attention_mask.to(device),
-                     use_cache=False).last_hidden_state
-    # Window index j predicts from absolute position window_start + j.
-    h = hidden[:, packed.window_start : packed.window_start + mask.shape[1]][mask]
+    hidden, offset = _decoder_hidden(decoder, packed, mask, device)
+    # Window index j predicts from absolute position window_start + j, which sits in column
+    # window_start + j - offset[row] of ``hidden`` (offset: the row's shared prefix, if any).
+    rows, cols = mask.nonzero(as_tuple=True)
+    h = hidden[rows, packed.window_start + cols - offset[rows]]
     logits = head(h).float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -89,6 +95,63 @@ def token_logprobs(
             ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
             entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, ent)
     return logp, entropy
+
+
+def _decoder_hidden(
+    decoder: nn.Module, packed: PackedBatch, mask: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Last hidden states of the packed rows, and per row the offset of column 0 in absolute
+    positions. Rows that share a prefix (a task's G samples share the system prompt, tools and
+    instruction; a turn-0 prompt is the same in all G) run it once when that saves at least a
+    fifth of the padded tokens (``SHARE_PREFIXES``): the prefix forward's key/value cache is
+    copied out to its rows (a differentiable index, so its gradient sums over them) and each
+    row's own tokens, from its first scored position on, run on top. The result is the same
+    as one forward over the full rows, up to float rounding."""
+    ids, att = packed.input_ids, packed.attention_mask
+    n = ids.shape[0]
+    plan = None
+    if SHARE_PREFIXES and n > 1:
+        lengths = att.sum(1).tolist()
+        seqs = [ids[i, : lengths[i]].tolist() for i in range(n)]
+        cpu_mask = mask.cpu()
+        first = cpu_mask.float().argmax(1).tolist()  # first scored window index (0 if none)
+        limits = [packed.window_start + f if cpu_mask[i].any() else lengths[i] - 1 for i, f in enumerate(first)]
+        plan = plan_shared_prefixes(seqs, limits=limits)
+    if plan is None:
+        hidden = decoder(input_ids=ids.to(device), attention_mask=att.to(device), use_cache=False).last_hidden_state
+        return hidden, torch.zeros(n, dtype=torch.long, device=device)
+    from transformers import DynamicCache
+
+    # transformers 5.x names the decoder's cache argument ``cache`` (``past_key_values`` before)
+    cache_kw = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    heads = [seqs[f][:k] for f, k in zip(plan.firsts, plan.prefix_len)]
+    head_ids, head_mask = right_pad(heads, 0)  # padding is masked: its id never matters
+    width = head_ids.shape[1]
+    head_pos = torch.arange(width).expand(len(heads), -1)
+    cache = DynamicCache(config=decoder.config)
+    decoder(input_ids=head_ids.to(device), attention_mask=head_mask.to(device), position_ids=head_pos.to(device),
+            use_cache=True, **{cache_kw: cache})
+    group = torch.tensor(plan.group_of, dtype=torch.long)
+    cache.batch_select_indices(group.to(device))
+    offset = torch.tensor([plan.prefix_len[g] for g in plan.group_of], dtype=torch.long)
+    tails = [s[k:] for s, k in zip(seqs, offset.tolist())]
+    tail_ids, tail_mask = right_pad(tails, 0)
+    tail_pos = offset[:, None] + torch.arange(tail_ids.shape[1])[None, :]
+    attention = torch.cat([head_mask[group], tail_mask], dim=-1)
+    hidden = decoder(input_ids=tail_ids.to(device), attention_mask=attention.to(device),
+                     position_ids=tail_pos.to(device), use_cache=True, **{cache_kw: cache}).last_hidden_state
+    return hidden, offset.to(device)
+
+
+def right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, W] token ids and attention mask, each row left-aligned."""
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        att[i, : len(r)] = 1
+    return out, att
 
 
 def _window_logprobs(
