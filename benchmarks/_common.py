@@ -1,0 +1,80 @@
+"""Shared helpers of the performance benchmarks (issue #6): the machine header every script
+prints, medians, load and peak-memory readings. Not part of the package: scripts import it as a
+sibling module (``python benchmarks/<script>.py``)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import torch
+
+
+def load1() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def loads() -> str:
+    if not hasattr(os, "getloadavg"):
+        return "n/a"
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def git_revision() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def set_threads(threads: int | None) -> None:
+    """torch threads for the whole run (default 1: on a shared small machine one OpenMP thread
+    was never clearly slower and is far less noisy; see docs/results.md)."""
+    torch.set_num_threads(threads or 1)
+
+
+def print_header(title: str, args: object | None = None) -> None:
+    import transformers
+
+    print(f"== {title}")
+    print(f"date        {datetime.datetime.now().isoformat(timespec='seconds')}")
+    print(f"machine     {platform.machine()} {platform.processor() or ''} cores={os.cpu_count()} "
+          f"nice={os.nice(0)} load(1/5/15)={loads()}")
+    print(f"software    python {platform.python_version()}  torch {torch.__version__}  "
+          f"transformers {transformers.__version__}  threads={torch.get_num_threads()}  git {git_revision()}")
+    print(f"command     {' '.join([os.path.basename(sys.executable)] + sys.argv)}")
+    if args is not None:
+        print(f"settings    {vars(args)}")
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def spread(xs: Sequence[float]) -> str:
+    """``median [min-max] (n)`` of a list of figures."""
+    if not xs:
+        return "n/a"
+    return f"{median(xs):.3g} [{min(xs):.3g}-{max(xs):.3g}] (n={len(xs)})"
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 if sys.platform != "darwin" else peak / 2**20
+
+
+def current_rss_mib() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return float("nan")

@@ -1,0 +1,197 @@
+"""Training throughput (issue #6, item 2): one role-wise GRPO update vs a plain PyTorch loop.
+
+Usage: python benchmarks/train_throughput.py [--model smollm2] [--tasks 2] [--group-size 2]
+           [--max-turns 2] [--micro-batch-tokens 4096] [--repeats 2] [--threads 1]
+           [--only grpo|plain] [--lora]
+
+Samples: the scripted oracle's trajectories of the first ``--tasks`` shop test tasks (real
+prompts as the rollout engine renders them, real tool results), ``--group-size`` copies each,
+caller and simulator turns, advantages +-1, sampler log-probs filled in by the model (so the
+PPO ratio starts at 1, as in a real step).
+
+* **grpo**: ``envace.train.step.GRPOUpdater.step`` (micro-batches by token budget, role-wise
+  clipped PPO loss on generated tokens, the vocabulary head only at generated positions,
+  grad-norm clipping, AdamW).
+* **plain**: the loop anyone would write first, over the same samples in length-sorted
+  micro-batches of the same token budget: ``model(ids).logits`` at every position, ``log_softmax``, advantage-weighted
+  log-likelihood of the generated tokens, ``backward``, clip, AdamW step.
+
+Both run back to back in one process, alternating, ``--repeats`` times after one warm-up step
+each; the figure is tokens (prompt + generated, no padding) per second of update wall time, and
+the ratio grpo/plain per repeat (both over the same samples; the updater may merge a
+trajectory's caller turns into one sequence, which is part of what is measured). Padding waste: the padded share of our length-sorted
+micro-batches, next to the same budget filled in arrival order. ``--only`` runs one side (for
+the peak-memory script, which needs one side per process). Peak RSS is printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import current_rss_mib, load1, peak_rss_mib, print_header, set_threads, spread  # noqa: E402
+from _samples import oracle_samples, sample_stats  # noqa: E402
+
+from envace.core.prompts import PromptStyle  # noqa: E402
+from envace.experiments.tasks import select_tasks  # noqa: E402
+from envace.policy.loading import load_model  # noqa: E402
+from envace.train.advantages import ScoredSample  # noqa: E402
+from envace.train.batching import pack_samples, padding_fraction, sequence_length, split_micro_batches  # noqa: E402
+from envace.train.grpo_loss import token_logprobs  # noqa: E402
+from envace.train.step import GRPOUpdater, UpdaterConfig  # noqa: E402
+
+try:  # caller-turn merging (newer trees); older ones train turn by turn
+    from envace.train.batching import merge_trajectory_turns  # noqa: E402
+except ImportError:
+    merge_trajectory_turns = None
+
+
+def arrival_order_split(batch: list[ScoredSample], max_tokens: int) -> list[list[ScoredSample]]:
+    """The same token budget filled in arrival order (no length sorting): the padding baseline."""
+    out: list[list[ScoredSample]] = []
+    cur: list[ScoredSample] = []
+    for s in batch:
+        longest = max([sequence_length(x) for x in cur] + [sequence_length(s)])
+        if cur and (len(cur) + 1) * longest > max_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(s)
+    return out + ([cur] if cur else [])
+
+
+@torch.no_grad()
+def fill_logprobs(model, scored: list[ScoredSample], pad_id: int, max_tokens: int) -> list[ScoredSample]:
+    """Replace placeholder sampler log-probs by the model's own (ratio 1 at the first step)."""
+    out = []
+    model.eval()
+    for mb in split_micro_batches(scored, max_tokens):
+        packed = pack_samples(mb, pad_id=pad_id)
+        logp, _ = token_logprobs(model, packed)
+        for i, s in enumerate(mb):
+            row = logp[i][packed.token_mask[i]].tolist()
+            out.append(ScoredSample(sample=s.sample.model_copy(update={"logprobs": row}), advantage=s.advantage,
+                                    reward=s.reward))
+    model.train()
+    return out
+
+
+class PlainLoop:
+    """Plain forward/backward/step over the same micro-batches (see the module doc)."""
+
+    def __init__(self, model, lr: float, max_tokens: int, pad_id: int) -> None:
+        self.model, self.max_tokens, self.pad_id = model, max_tokens, pad_id
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=lr)
+
+    def step(self, scored: list[ScoredSample]) -> dict[str, float]:
+        self.opt.zero_grad(set_to_none=True)
+        n_gen = sum(s.n_tokens for s in scored)
+        for mb in split_micro_batches(scored, self.max_tokens):
+            packed = pack_samples(mb, pad_id=self.pad_id)
+            ids, mask = packed.input_ids, packed.attention_mask
+            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+            gen_mask = torch.zeros_like(logp)
+            gen_mask[:, packed.window_start:] = packed.token_mask.float()
+            loss = -(logp * gen_mask * packed.advantages[:, None]).sum() / n_gen
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return {}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--world", default="shop")
+    p.add_argument("--tasks", type=int, default=2)
+    p.add_argument("--group-size", type=int, default=2)
+    p.add_argument("--max-turns", type=int, default=2)
+    p.add_argument("--micro-batch-tokens", type=int, default=4096)
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--only", choices=["grpo", "plain"], default=None)
+    p.add_argument("--unmerged", action="store_true",
+                   help="also time the GRPO update with caller-turn merging off (grpo-unmerged)")
+    p.add_argument("--lora", action="store_true", help="train a LoRA adapter (r=16) instead of all weights")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    set_threads(args.threads)
+    print_header("training throughput: role-wise GRPO update vs plain forward/backward/step", args)
+
+    t0 = time.perf_counter()
+    model, tok = load_model(args.model)
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+    model.train()
+    rss_loaded = current_rss_mib()
+    print(f"load        {args.model}: {time.perf_counter() - t0:.1f} s, "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, RSS {rss_loaded:.0f} MiB")
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    tasks = select_tasks(args.world, "test", limit=args.tasks, tool_distractors=1)
+    style = PromptStyle(max_examples=2, max_history_results=3)  # configs/demo.yaml's prompt settings
+    scored = oracle_samples(tok, tasks, style, args.group_size, args.max_turns)
+    scored = fill_logprobs(model, scored, pad_id, args.micro_batch_tokens)
+    real_tokens = sum(sequence_length(s) for s in scored)
+    print(f"samples     {sample_stats(scored)}")
+    plain_mb = split_micro_batches(scored, args.micro_batch_tokens)
+    merged = merge_trajectory_turns(scored) if merge_trajectory_turns is not None else scored
+    ours_mb = split_micro_batches(merged, args.micro_batch_tokens)
+    merged_tokens = sum(sequence_length(s) for s in merged)
+    print(f"merging     the updater's caller-turn merging: {len(merged)} sequences, {merged_tokens} tokens "
+          f"({merged_tokens / real_tokens:.0%} of the samples' tokens)")
+    print(f"padding     length-sorted micro-batches: {padding_fraction(plain_mb):.1%} of {len(plain_mb)} "
+          f"(unmerged), {padding_fraction(ours_mb):.1%} of {len(ours_mb)} (merged); arrival order, same budget: "
+          f"{padding_fraction(arrival_order_split(scored, args.micro_batch_tokens)):.1%}")
+    gen = sum(s.n_tokens for s in scored)
+    padded = sum(len(mb) * max(sequence_length(s) for s in mb) for mb in plain_mb)
+    print(f"head        vocabulary rows: grpo {gen} (generated positions only), plain {padded - len(plain_mb)} "
+          f"(every position)")
+
+    sides = {}
+    if args.only in (None, "grpo"):
+        sides["grpo"] = GRPOUpdater(model, UpdaterConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens,
+                                                         pad_id=pad_id)).step
+    if args.unmerged:
+        sides["grpo-unmerged"] = GRPOUpdater(model, UpdaterConfig(
+            lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id, merge_turns=False)).step
+    if args.only in (None, "plain"):
+        sides["plain"] = PlainLoop(model, args.lr, args.micro_batch_tokens, pad_id).step
+    warm = scored[:2]
+    for name, step in sides.items():  # allocator, optimiser state, first-call set-up
+        step(warm)
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    ratios, loads = [], []
+    for rep in range(args.repeats):
+        loads.append(load1())
+        order = list(sides.items()) if rep % 2 == 0 else list(sides.items())[::-1]  # alternate who goes first
+        for name, step in order:
+            t = time.perf_counter()
+            step(scored)
+            times[name].append(time.perf_counter() - t)
+            print(f"repeat {rep}  {name:<13} {times[name][-1]:.1f} s = {real_tokens / times[name][-1]:.1f} tok/s "
+                  f"(load1 {load1():.2f})", flush=True)
+        if "grpo" in sides and "plain" in sides:
+            ratios.append(times["plain"][-1] / times["grpo"][-1])
+            print(f"repeat {rep}  grpo/plain throughput = {ratios[-1]:.3f}", flush=True)
+    print("-- summary (median [min-max])")
+    for name in sides:
+        print(f"{name:<13} tok/s   {spread([real_tokens / t for t in times[name]])}")
+    if ratios:
+        print(f"grpo / plain  {spread(ratios)}   (target >= 0.9)")
+    if "grpo-unmerged" in sides and "plain" in sides:
+        print(f"grpo-unmerged / plain  {spread([p / u for p, u in zip(times['plain'], times['grpo-unmerged'])])}")
+    print(f"load1         {spread(loads)}")
+    print(f"peak RSS      {peak_rss_mib():.0f} MiB (after load {rss_loaded:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
