@@ -129,3 +129,17 @@ def test_a_killed_run_resumes_and_redoes_the_lost_step_identically(tmp_path):
     for step in (3, 4):
         for k in ("reward", "policy/loss"):
             assert again[step][k] == pytest.approx(rows[step][k], rel=1e-4, abs=1e-6), (step, k)
+
+
+def test_grpo_draws_from_train_tasks_the_warm_start_did_not_imitate(tmp_path):
+    from envace.experiments.train_job import rl_tasks, sft_tasks, train_tasks
+
+    cfg = load_config(_cfg(tmp_path), ["sft.trajectories=5"])
+    pool = train_tasks(cfg)
+    seen = {t.id for t in sft_tasks(cfg, pool)}
+    fresh = rl_tasks(cfg, pool)
+    assert len(seen) == 5 and len(fresh) == len(pool) - 5 and not seen & {t.id for t in fresh}
+    assert rl_tasks(load_config(_cfg(tmp_path), ["rl_fresh_tasks=false"]), pool) == pool
+    assert rl_tasks(load_config(_cfg(tmp_path), ["sft.enabled=false"]), pool) == pool
+    everything = load_config(_cfg(tmp_path), [f"sft.trajectories={len(pool)}"])
+    assert rl_tasks(everything, pool) == pool  # nothing left over: fall back to all of them

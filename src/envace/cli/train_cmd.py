@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from envace.experiments.config import load_config, parse_config
 from envace.experiments.rundir import RunDir
@@ -43,7 +44,8 @@ def _train(args: argparse.Namespace) -> int:
     from envace.experiments.train_job import train
 
     run = train(_config(args), resume=args.resume)
-    print(f"done: {run.path} (summary.md, learning_curve.png, metrics.jsonl)")
+    if os.environ.get("RANK", "0") == "0":  # under accelerate launch, rank 0 speaks for the run
+        print(f"done: {run.path} (summary.md, learning_curve.png, metrics.jsonl)")
     return 0
 
 

@@ -101,6 +101,8 @@ class TrainConfig(_Section):
     grounding: Literal["covering", "disjoint"] = Field(
         "covering", description="covering: examples show the looked-up values a rehearsal needs; disjoint: never")
     source: Literal["rehearsal", "real", "simulator"] = "rehearsal"
+    rl_fresh_tasks: bool = Field(True, description="GRPO draws from train tasks the SFT warm start did not use "
+                                 "(all of them when it used every one)")
     mode: Literal["share", "noshare", "caller_only", "frozen_caller"] = "share"
     steps: int = Field(20, ge=0)
     tasks_per_step: int = Field(4, ge=1)

@@ -1,5 +1,11 @@
 """The training job: SFT warm start, then role-wise GRPO with one response source, evaluated in
-the real world every N steps, checkpointed every step, resumable."""
+the real world every N steps, checkpointed every step, resumable.
+
+The same job runs on one process or on several under ``accelerate launch`` (DDP): each rank
+rolls out its share of the step's tasks, advantages are centred over every rank's samples, the
+update is one synchronised optimiser step on the global batch, and rank 0 alone writes the run
+directory (see :mod:`envace.train.distributed`). With one process every distributed call is the
+single-process one."""
 
 from __future__ import annotations
 
@@ -23,14 +29,16 @@ from envace.experiments.tasks import select_tasks
 from envace.policy.transformers_backend import TransformersBackend
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import RealSource
-from envace.train.advantages import advantage_stats, compute_advantages
 from envace.train.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from envace.train.copy_warmup import copy_warmup, data_vocabulary
 from envace.train.sft import oracle_sft_samples, run_sft
-from envace.train.step import UpdaterConfig, update_for_mode, updaters_for_mode
+from envace.train import distributed as dist
+from envace.train.step import UpdaterConfig, updaters_for_mode
 
 SFT_DIR = "sft"
 CKPT_DIR = "checkpoints"
+# Collective timeout on several processes: the other ranks wait while rank 0 runs the warm start.
+DIST_TIMEOUT_S = 3 * 3600
 
 
 def prompt_style(cfg: TrainConfig) -> PromptStyle:
@@ -60,18 +68,36 @@ def eval_tasks(cfg: TrainConfig) -> list[Task]:
     return tasks
 
 
+def sft_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
+    """The warm start's tasks: a function of the seed, so ``sft.init_from`` runs agree on them."""
+    return random.Random(cfg.seed).sample(pool, min(cfg.sft.trajectories, len(pool)))
+
+
+def rl_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
+    """The tasks GRPO draws from: by default the train tasks the warm start did not imitate.
+    Measured: a small model re-solves its SFT tasks from memory (train success 0.1-0.4 against
+    0.02-0.04 on test), so RL on them rewards recall, not the skill the test split asks for."""
+    if not (cfg.sft.enabled and cfg.rl_fresh_tasks):
+        return pool
+    seen = {t.id for t in sft_tasks(cfg, pool)}
+    fresh = [t for t in pool if t.id not in seen]
+    return fresh or pool
+
+
 def step_tasks(pool: list[Task], cfg: TrainConfig, step: int) -> list[Task]:
     """The tasks of one step: a function of (seed, step) only, so a resumed run draws the same."""
     return random.Random(cfg.seed * 1_000_003 + step).sample(pool, min(cfg.tasks_per_step, len(pool)))
 
 
-def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list[Task], cfg: TrainConfig
-                  ) -> tuple[dict[str, float], list[Trajectory]]:
-    """Success on held-out tasks with the real world answering, whatever the training source."""
+def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list[Task], cfg: TrainConfig,
+                  accelerator: Any | None = None) -> tuple[dict[str, float], list[Trajectory]]:
+    """Success on held-out tasks with the real world answering, whatever the training source.
+    On several processes each rank runs its share of the tasks; every rank gets all of them."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
-    backend = TransformersBackend(model, tokenizer, max_batch=gen.max_batch)
-    trajs, stats = run_episodes(tasks, make_actor(backend, gen, cfg.seed), RealSource(),
+    backend = TransformersBackend(model, tokenizer, device=_device(accelerator), max_batch=gen.max_batch)
+    trajs, stats = run_episodes(dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed), RealSource(),
                                 RolloutConfig(group_size=1, max_turns=cfg.rollout.max_turns))
+    trajs = _in_task_order(dist.gather_trajectories(accelerator, trajs), tasks, accelerator)
     n = len(trajs)
     return {"eval/success": sum(t.reward >= 1.0 for t in trajs) / n,
             "eval/reward": sum(t.reward for t in trajs) / n,
@@ -92,8 +118,9 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
         log(f"SFT warm start loaded from {src}")
         return
     pool = train_tasks(cfg)
-    tasks = random.Random(cfg.seed).sample(pool, min(cfg.sft.trajectories, len(pool)))
-    samples = oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles)
+    tasks = sft_tasks(cfg, pool)
+    samples = oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles,
+                                 simulator_tasks=cfg.sft.simulator_trajectories)
     t0 = time.perf_counter()
     if cfg.sft.copy_warmup_steps:
         vocab = data_vocabulary((s.prompt_ids + s.gen_ids for s in samples), limit=cfg.sft.copy_warmup_vocab)
@@ -125,6 +152,7 @@ class TrainState:
     updaters: dict
     start_step: int
     start_model: torch.nn.Module  # the warm-started policy, frozen: the simulator baseline
+    accelerator: Any | None = None  # several processes (accelerate); None: one process
 
 
 def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
@@ -135,18 +163,25 @@ def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
                          temperature=cfg.rollout.temperature or 1.0, pad_id=tokenizer.pad_token_id or 0)
 
 
-def prepare(cfg: TrainConfig, resume: str | Path | None, log) -> TrainState:
+def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any | None = None) -> TrainState:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
+    main = dist.is_main_process(accelerator)
     policy, tok = load_policy(cfg.model, cfg.lora)
+    policy.to(_device(accelerator))
     if resume is None:
-        run = RunDir.create(cfg.out, "train", cfg.model_dump(mode="json"), seed=cfg.seed)
-        log(f"run directory: {run.path}")
-        warm_start(policy, tok, cfg, run, log)
+        # Rank 0 creates the run directory and runs the warm start; the other ranks wait for its
+        # path, then load the warm-started weights from it as a resumed run does.
+        created = None
+        if main:
+            created = RunDir.create(cfg.out, "train", cfg.model_dump(mode="json"), seed=cfg.seed)
+            log(f"run directory: {created.path}")
+            warm_start(policy, tok, cfg, created, log)
+        run = RunDir(Path(dist.broadcast_object(accelerator, str(created.path) if created else "")))
     else:
         run = RunDir.open(resume)
-        if (run.path / SFT_DIR).exists():
-            load_checkpoint(run.path / SFT_DIR, policy, restore_rng=False)
+    if (resume is not None or not main) and (run.path / SFT_DIR).exists():
+        load_checkpoint(run.path / SFT_DIR, policy, restore_rng=False)
     start_model = frozen_copy(policy)
     models = split_for_mode(policy, tok, cfg.mode)
     ref = {k: start_model for k in models.trained} if cfg.grpo.kl_coef > 0 else None
@@ -157,9 +192,25 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log) -> TrainState:
         if latest is not None:
             loaded = load_checkpoint(latest, models.trained, {k: u.optimizer for k, u in updaters.items()})
             start_step = loaded.step
-            _truncate_logs(run, start_step)
+            if main:
+                _truncate_logs(run, start_step)
         log(f"resuming {run.path} after step {start_step}")
-    return TrainState(run=run, models=models, updaters=updaters, start_step=start_step, start_model=start_model)
+    # After the checkpoint is loaded on every rank: DDP wraps the models (unchanged in one process).
+    updaters = dist.prepare_updaters(accelerator, updaters)
+    return TrainState(run=run, models=models, updaters=updaters, start_step=start_step, start_model=start_model,
+                      accelerator=accelerator)
+
+
+def _device(accelerator: Any | None) -> Any:
+    return "cpu" if accelerator is None else accelerator.device
+
+
+def _in_task_order(trajs: list[Trajectory], tasks: list[Task], accelerator: Any | None) -> list[Trajectory]:
+    """Trajectories gathered from the ranks (rank by rank) back in the order of ``tasks``."""
+    if dist.num_processes(accelerator) == 1:
+        return trajs
+    index = {t.id: i for i, t in enumerate(tasks)}
+    return sorted(trajs, key=lambda t: (index.get(t.task_id, len(index)), t.trajectory_index))
 
 
 def _truncate_logs(run: RunDir, step: int) -> None:
@@ -180,74 +231,106 @@ def _tag(trajs: list[Trajectory], step: int, kind: str) -> list[dict]:
 def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunDir:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    st = prepare(cfg, resume, log)
+    acc = dist.make_accelerator(timeout_s=DIST_TIMEOUT_S)  # None unless launched with several processes
+    dist.require_replicated(acc)
+    main = dist.is_main_process(acc)
+    if not main:
+        log = _silent  # noqa: F811 - rank 0 speaks for the run
+    st = prepare(cfg, resume, log, acc)
     run, models = st.run, st.models
-    metrics_log = MetricsLog(run, resume_step=st.start_step if resume is not None else None)
+    metrics_log = MetricsLog(run, resume_step=st.start_step if resume is not None else None) if main else None
     tok = models.tokenizer
-    pool, held_out = train_tasks(cfg), eval_tasks(cfg)
+    pool, held_out = rl_tasks(cfg, train_tasks(cfg)), eval_tasks(cfg)
     gen = generation_settings(cfg)
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
-    caller_backend = TransformersBackend(models.for_role("caller"), tok, max_batch=gen.max_batch)
+    device = _device(acc)
+    caller_backend = TransformersBackend(models.for_role("caller"), tok, device=device, max_batch=gen.max_batch)
     sim_model = models.for_role("simulator")
     if cfg.source == "simulator":
         sim_model = st.start_model if cfg.sim_model is None else load_policy(cfg.sim_model, cfg.lora.model_copy(update={"enabled": False}))[0]
-    sim_backend = TransformersBackend(sim_model, tok, max_batch=gen.max_batch)
+    sim_backend = TransformersBackend(sim_model, tok, device=device, max_batch=gen.max_batch)
+    if dist.num_processes(acc) > 1:
+        log(f"{dist.num_processes(acc)} processes ({getattr(acc.distributed_type, 'value', acc.distributed_type)}): {cfg.tasks_per_step} tasks x "
+            f"{cfg.group_size} trajectories per step, split by task")
 
     def do_eval(step: int) -> dict[str, float]:
-        metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg)
-        run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
-        metrics_log.log({"phase": "eval", "step": step, **metrics})
+        metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc)
+        if main:
+            run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
+            metrics_log.log({"phase": "eval", "step": step, **metrics})
         return metrics
 
-    if st.start_step == 0 and not any(m.get("phase") == "eval" for m in run.metrics()):
+    # Decided on rank 0 (the one that writes metrics.jsonl), so every rank evaluates together.
+    eval0 = dist.broadcast_object(acc, main and st.start_step == 0
+                                  and not any(m.get("phase") == "eval" for m in run.metrics()))
+    if eval0:
         log(f"step 0 real-world eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
-    bar = StepProgress("train", total=cfg.steps, start=st.start_step)
+    bar = StepProgress("train", total=cfg.steps, start=st.start_step) if main else None
     last_eval = st.start_step
     for step in range(st.start_step + 1, cfg.steps + 1):
         t0 = time.perf_counter()
-        tasks = step_tasks(pool, cfg, step)
-        step_seed = cfg.seed * 10_007 + step  # rollouts depend on (seed, step) only: resumable
+        all_tasks = step_tasks(pool, cfg, step)
+        tasks = dist.shard_tasks(all_tasks, acc)  # this rank's share (all of them in one process)
+        # Rollouts depend on (seed, step) only: resumable. Rank 0 keeps the seed, others shift it.
+        step_seed = dist.rank_seed(cfg.seed * 10_007 + step, acc)
         actor = make_actor(caller_backend, gen, step_seed)
         # Rehearsal uses the simulator-role model (the policy itself in share mode).
         source = make_source(cfg.source, sim_backend, gen, step_seed, simulator=sim_backend)
         trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
                                                                          max_turns=cfg.rollout.max_turns))
         t_roll = time.perf_counter() - t0
-        scored = compute_advantages(trajs, norm_by_std=cfg.grpo.norm_by_std, empty_penalty=cfg.grpo.empty_penalty,
-                                    content_free_ids=eos_ids, format_bonus=cfg.grpo.sim_format_reward)
-        ustats = update_for_mode(models.spec, st.updaters, scored)
+        # Advantages centred over every rank's samples of each (task, role) group.
+        scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
+                                                empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
+                                                format_bonus=cfg.grpo.sim_format_reward)
+        ustats = dist.distributed_update(acc, models.spec, st.updaters, scored)
         t_total = time.perf_counter() - t0
+        rolled = dist.gather_objects(acc, [(rstats.tokens_per_second, t_roll)])
+        trajs = _in_task_order(dist.gather_trajectories(acc, trajs), all_tasks, acc)
         row: dict[str, Any] = {"phase": "train", "step": step, "reward": sum(t.reward for t in trajs) / len(trajs),
                                "success": sum(t.reward >= 1.0 for t in trajs) / len(trajs),
                                "tool_calls": sum(t.tool_calls for t in trajs) / len(trajs),
                                "parse_failures": sum(t.parse_failures for t in trajs) / len(trajs),
                                "sim_format_failures": sum(t.sim_format_failures for t in trajs) / len(trajs),
-                               "gen_tokens_per_s": rstats.tokens_per_second, "rollout_s": t_roll,
+                               "gen_tokens_per_s": sum(r[0] for r in rolled),
+                               "rollout_s": max(r[1] for r in rolled),
                                "update_s": t_total - t_roll, "step_s": t_total}
-        row.update(advantage_stats(scored))
+        row.update(dist.global_advantage_stats(acc, scored))
         row.update(ustats)
-        run.add_trajectories(_tag(trajs, step, "train"))
-        metrics_log.log(row)
-        if step % cfg.checkpoint.every == 0 or step == cfg.steps:
-            save_checkpoint(run.path / CKPT_DIR, models.trained,
-                            {k: u.optimizer for k, u in st.updaters.items()}, step=step,
-                            keep_last=cfg.checkpoint.keep_last)
+        checkpoint = step % cfg.checkpoint.every == 0 or step == cfg.steps
+        if main:
+            run.add_trajectories(_tag(trajs, step, "train"))
+            metrics_log.log(row)
+            if checkpoint:
+                save_checkpoint(run.path / CKPT_DIR, models.trained, dist.optimizers_of(st.updaters), step=step,
+                                keep_last=cfg.checkpoint.keep_last)
+        if checkpoint and not dist.replicas_agree(acc, models.trained):
+            raise RuntimeError(f"step {step}: the ranks' weights differ (a rank started from other weights or "
+                               "optimiser state); the checkpoint holds rank 0's")
         shown = {"R_caller": row.get("reward/caller"), "R_sim": row.get("reward/simulator"),
                  "kl": _first(ustats, "kl"),
-                 "tok/s": rstats.tokens_per_second}
+                 "tok/s": row["gen_tokens_per_s"]}
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.steps:
             shown.update({"eval": do_eval(step)["eval/success"]})
             last_eval = step
-        bar.update(step, cfg.steps, shown)
-    bar.close()
+        if bar is not None:
+            bar.update(step, cfg.steps, shown)
+    if bar is not None:
+        bar.close()
     if last_eval != cfg.steps and cfg.steps > st.start_step:
         final = do_eval(cfg.steps)
         log(f"final real-world eval (step {cfg.steps}): {final}")
     from envace.experiments.report import write_train_report
 
-    metrics_log.close()
-    write_train_report(run)
+    if main:
+        metrics_log.close()
+        write_train_report(run)
+    dist.end(acc)  # every rank waits for rank 0's report, then the process group closes
     return run
+
+
+def _silent(*_: Any, **__: Any) -> None:
+    pass
 
 
 def _first(stats: dict[str, float], suffix: str) -> float | None:

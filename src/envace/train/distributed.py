@@ -28,8 +28,10 @@ The one-process path (no accelerator, or a single process) is exactly
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
+import warnings
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,7 +40,7 @@ import torch
 from torch import nn
 
 from envace.core.types import Role, Trajectory, TurnSample
-from envace.train.advantages import ScoredSample, compute_advantages, is_empty_generation
+from envace.train.advantages import ScoredSample, advantage_stats, compute_advantages, is_empty_generation
 from envace.train.batching import padding_fraction, split_micro_batches
 from envace.train.grpo_loss import ROLES, decoder_and_head, grpo_loss, merge_loss_stats, role_normalizers
 from envace.train.modes import ModeSpec
@@ -57,11 +59,13 @@ def launched_distributed() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
-def make_accelerator(**kwargs: Any) -> Any | None:
+def make_accelerator(timeout_s: float | None = None, **kwargs: Any) -> Any | None:
     """An ``accelerate.Accelerator`` when launched with more than one process, else None (the
     single-process path then stays exactly as it is). ``kwargs`` go to ``Accelerator``; the
     strategy (DDP / FSDP / DeepSpeed), mixed precision and the number of processes come from
-    the accelerate config given to ``accelerate launch``."""
+    the accelerate config given to ``accelerate launch``. ``timeout_s`` is the process group's
+    collective timeout (torch's default is 10 to 30 minutes: too short when the other ranks
+    wait at a barrier while rank 0 runs a long SFT warm start)."""
     if not launched_distributed():
         return None
     from accelerate import Accelerator
@@ -69,6 +73,23 @@ def make_accelerator(**kwargs: Any) -> Any | None:
     if "cpu" not in kwargs and not _has_accelerator_device():
         # accelerate only sets up a CPU process group (gloo) when asked to run on CPU.
         kwargs["cpu"] = True
+    handlers = list(kwargs.get("kwargs_handlers") or [])
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    if not any(isinstance(h, DistributedDataParallelKwargs) for h in handlers):
+        # No collective in DDP's forward: the loss may call the decoder a data-dependent number of
+        # times per micro-batch (a shared prompt prefix runs once, then the rows' own tokens), so
+        # ranks can differ in their number of forwards, and DDP's default buffer broadcast at
+        # every forward would then pair up wrongly and hang. An LLM's buffers (rotary
+        # frequencies) are constants: there is nothing to broadcast.
+        handlers.append(DistributedDataParallelKwargs(broadcast_buffers=False))
+    if timeout_s is not None:
+        from datetime import timedelta
+
+        from accelerate.utils import InitProcessGroupKwargs
+
+        handlers.append(InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s)))
+    kwargs["kwargs_handlers"] = handlers
     accelerator = Accelerator(**kwargs)
     if accelerator.gradient_accumulation_steps != 1:
         raise ValueError("envace accumulates micro-batches itself (grpo.micro_batch_tokens); set "
@@ -143,7 +164,7 @@ class _DDPScorer(nn.Module):
         self._lm = [lm]  # not a submodule: its parameters are the wrapped ones
 
     def get_decoder(self) -> Any:
-        return self.wrapped
+        return _DDPDecoder(self.wrapped, decoder_and_head(self._lm[0])[0])  # type: ignore[index]
 
     def get_output_embeddings(self) -> Any:
         head = decoder_and_head(self._lm[0])[1]  # type: ignore[index]
@@ -157,6 +178,27 @@ class _DDPScorer(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:  # not used by grpo_loss; kept usable
         return self._lm[0](*args, **kwargs)
+
+
+class _DDPDecoder:
+    """The DDP-wrapped decoder as the loss sees a decoder: calls go through DDP (so its gradient
+    hooks see every use), while ``config`` and the ``forward`` signature are the inner decoder's
+    (the loss reads them, e.g. to run a shared prompt prefix once with a KV cache and the rows'
+    own tokens on top: two DDP forwards before one backward, which DDP allows: autograd sums a
+    parameter's uses, so its gradient hook fires once per backward). Ranks may then run different
+    numbers of forwards, which is why :func:`make_accelerator` turns DDP's buffer broadcast off."""
+
+    def __init__(self, wrapped: nn.Module, inner: nn.Module) -> None:
+        self._wrapped = wrapped
+        self.config = getattr(inner, "config", None)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return wrapped(*args, **kwargs)
+
+        self.forward = functools.wraps(inner.forward)(forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrapped(*args, **kwargs)
 
 
 class _ForwardOnly(nn.Module):
@@ -190,7 +232,9 @@ def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater
     out: dict[str, DistributedUpdater] = {}
     for key, up in updaters.items():
         if kind not in _SHARDED and decoder_and_head(up.model) is not None:
-            wrapped, optimizer = accelerator.prepare(_HiddenStates(up.model), up.optimizer)
+            with warnings.catch_warnings():  # torch renamed it; accelerate's DDP kwargs know only the old name
+                warnings.filterwarnings("ignore", message=".*broadcast_buffers. is deprecated", category=FutureWarning)
+                wrapped, optimizer = accelerator.prepare(_HiddenStates(up.model), up.optimizer)
             scorer: nn.Module = _DDPScorer(accelerator, wrapped, up.model)
         else:
             wrapped, optimizer = accelerator.prepare(up.model, up.optimizer)
@@ -209,6 +253,50 @@ def barrier(accelerator: Any | None) -> None:
     """Wait for every rank (no-op in one process)."""
     if accelerator is not None:
         accelerator.wait_for_everyone()
+
+
+def end(accelerator: Any | None) -> None:
+    """Wait for every rank, then take the process group down (no-op in one process)."""
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+        accelerator.end_training()
+
+
+def require_replicated(accelerator: Any | None) -> None:
+    """The training job generates its rollouts with each rank's own copy of the weights (the
+    transformers backend) and saves checkpoints from rank 0's copy: that needs whole weights on
+    every rank (DDP). Refuse FSDP and DeepSpeed with a clear message instead of a hang or a
+    checkpoint of one shard."""
+    if accelerator is None:
+        return
+    kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+    if kind in _SHARDED:
+        raise ValueError(
+            f"envace train runs with DDP (accelerate's MULTI_GPU / MULTI_CPU), not {kind}: its rollouts "
+            "generate with each rank's whole copy of the weights and rank 0 saves the checkpoints. "
+            "FSDP / DeepSpeed need the vLLM rollout engine and sharded checkpoints, which the training "
+            "job does not use yet (see docs/scaling.md)")
+
+
+def broadcast_object(accelerator: Any | None, obj: T) -> T:
+    """Rank 0's ``obj`` on every rank (pickled; for small things such as a run directory path)."""
+    if num_processes(accelerator) == 1:
+        return obj
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([obj], from_process=0)[0]
+
+
+def replicas_agree(accelerator: Any | None, models: Mapping[str, nn.Module]) -> bool:
+    """Whether every rank holds the same trainable weights (exactly: under DDP the gradients are
+    all-reduced and each rank's optimiser takes the same step, so the replicas stay bitwise
+    equal unless a rank started from other weights or another optimiser state)."""
+    if num_processes(accelerator) == 1:
+        return True
+    params = [p for key in sorted(models) for p in models[key].parameters() if p.requires_grad]
+    sums = torch.stack([p.detach().sum(dtype=torch.float64) for p in params]).tolist() if params else []
+    per_rank = gather_objects(accelerator, [sums])
+    return all(r == per_rank[0] for r in per_rank)
 
 
 # ---------------------------------------------------------------------------- rollouts
@@ -296,6 +384,22 @@ def compute_advantages_global(
             continue
         out.append(ScoredSample(sample=sample, advantage=g.advantage, reward=g.reward))
     return out
+
+
+@dataclass(frozen=True)
+class _ScoredMeta:
+    role: Role
+    reward: float
+    advantage: float
+
+
+def global_advantage_stats(accelerator: Any | None, scored: Sequence[ScoredSample]) -> dict[str, float]:
+    """:func:`~envace.train.advantages.advantage_stats` over every rank's scored samples (a few
+    numbers per sample are gathered, no token ids)."""
+    if num_processes(accelerator) == 1:
+        return advantage_stats(scored)
+    mine = [_ScoredMeta(s.role, s.reward, s.advantage) for s in scored]
+    return advantage_stats(gather_objects(accelerator, mine))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------- the update
