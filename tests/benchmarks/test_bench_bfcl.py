@@ -11,6 +11,7 @@ pytest.importorskip("bfcl_eval", reason="BFCL tests need the bench extra: pip in
 from envace.benchmarks import bfcl  # noqa: E402
 from envace.benchmarks.base import BenchEpisode  # noqa: E402
 from envace.core.types import ToolCall  # noqa: E402
+from envace.core.jsonl import read_jsonl_dicts  # noqa: E402
 from envace.experiments.bench_runner import BenchRealSource, ScriptedUser, run_bench_episodes  # noqa: E402
 
 from .helpers import ReplayActor  # noqa: E402
@@ -149,3 +150,39 @@ def test_bench_eval_writes_run_dir(tmp_path, tiny_backend) -> None:
     assert (run.path / "scores.jsonl").read_text().count("\n") == 4
     text = (run.path / "summary.md").read_text()
     assert "acc/multi_turn_base" in text and "overall_runnable" in text
+
+
+class _DiesAfter:
+    """The tiny backend, interrupted (as by Ctrl-C) at its ``n``-th generate call."""
+
+    def __init__(self, backend, n: int) -> None:
+        self._backend, self._left = backend, n
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def generate(self, prompts, params):
+        self._left -= 1
+        if self._left < 0:
+            raise KeyboardInterrupt
+        return self._backend.generate(prompts, params)
+
+
+def test_bench_eval_writes_each_chunk_as_it_is_scored(tmp_path, tiny_backend) -> None:
+    from envace.experiments.bench_job import BenchJob, run_bench_job
+
+    def job(name, chunk):
+        return BenchJob(bench="bfcl", categories=["simple_python"], limit=3, max_new_tokens=8, out=str(tmp_path),
+                        name=name, model="tiny", chunk=chunk)
+
+    whole = run_bench_job(job("whole", None), backend=tiny_backend)
+    chunked = run_bench_job(job("chunked", 1), backend=tiny_backend)
+    rows = lambda run: [(r["item_id"], r["valid"]) for r in read_jsonl_dicts(run.path / "scores.jsonl")]  # noqa: E731
+    assert rows(chunked) == rows(whole) and len(rows(whole)) == 3
+    # simple_python is one caller turn per entry: one generate call per chunk of 1. Interrupted in
+    # the third chunk, the first two are on disk.
+    with pytest.raises(KeyboardInterrupt):
+        run_bench_job(job("killed", 1), backend=_DiesAfter(tiny_backend, 2))
+    killed = tmp_path / "killed"
+    assert [r["item_id"] for r in read_jsonl_dicts(killed / "scores.jsonl")] == [i for i, _ in rows(whole)[:2]]
+    assert len(read_jsonl_dicts(killed / "trajectories.jsonl")) == 2

@@ -55,6 +55,8 @@ def add_eval_arguments(p: argparse.ArgumentParser, bench_required: bool = True, 
     g.add_argument("--max-user-turns", type=int, default=30)
     g.add_argument("--max-prompt-tokens", type=int, default=6144)
     g.add_argument("--tool-format", default="compact", choices=["compact", "json", "native"])
+    g.add_argument("--chunk", type=int, default=None,
+                   help="entries run and written together (default: --max-batch); a crash loses at most one chunk")
     if common:
         p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF model/adapter dir")
         p.add_argument("--max-new-tokens", type=int, default=128)
@@ -87,7 +89,7 @@ def job_from_args(args: argparse.Namespace):
                     max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                     tool_format=args.tool_format, temperature=args.temperature, max_batch=args.max_batch,
                     threads=getattr(args, "threads", None), device=getattr(args, "device", "cpu"),
-                    seed=args.seed, out=args.out, name=args.name)
+                    seed=args.seed, out=args.out, name=args.name, chunk=args.chunk)
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -43,6 +43,7 @@ class BenchJob:
     temperature: float = 0.0
     tool_format: str = "compact"
     max_batch: int = 8
+    chunk: int | None = None  # items run (and written) together; None: max_batch. A crash loses one chunk
     threads: int | None = None  # torch CPU threads (None: torch's default)
     device: str = "cpu"
     seed: int = 0
@@ -108,23 +109,35 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
     if hasattr(adapter, "set_judge"):
         judge_backend = policy if job.judge_model in (None, job.model) else load(job.judge_model)
         adapter.set_judge(judge_backend)
-    t0 = time.perf_counter()
-    results = run_bench_episodes(items, make_actor(policy, gen, job.seed), source, user, group_size=job.group_size,
-                                 max_steps=job.max_steps, max_user_turns=job.max_user_turns)
-    wall = time.perf_counter() - t0
-    by_id = {i.id: i for i in items}
-    scores, trajs = [], []
-    for traj, episode, state in results:
-        item = by_id[traj.task_id]
-        score = adapter.score(item, episode, state if job.source == "real" else None)
-        traj.reward = score.reward
-        trajs.append(traj)
-        scores.append(score)
-    run.add_trajectories(trajs)
     from envace.core.jsonl import append_jsonl
 
-    append_jsonl(run.path / "scores.jsonl", [{"item_id": s.item_id, "category": s.category, "valid": s.valid,
-                                              "reward": s.reward, "detail": s.detail} for s in scores])
+    # Items run in chunks, each written as soon as it is scored: a crash or Ctrl-C loses at most
+    # one chunk, and the progress line shows the running accuracy on long, slow evaluations.
+    size = max(1, job.chunk or job.max_batch)
+    chunks = [items[i:i + size] for i in range(0, len(items), size)]
+    t0 = time.perf_counter()
+    scores, trajs = [], []
+    by_id = {i.id: i for i in items}
+    for n, chunk in enumerate(chunks, 1):
+        results = run_bench_episodes(chunk, make_actor(policy, gen, job.seed + n - 1), source, user,
+                                     group_size=job.group_size, max_steps=job.max_steps,
+                                     max_user_turns=job.max_user_turns)
+        new_scores, new_trajs = [], []
+        for traj, episode, state in results:
+            score = adapter.score(by_id[traj.task_id], episode, state if job.source == "real" else None)
+            traj.reward = score.reward
+            new_trajs.append(traj)
+            new_scores.append(score)
+        run.add_trajectories(new_trajs)
+        append_jsonl(run.path / "scores.jsonl", [{"item_id": s.item_id, "category": s.category, "valid": s.valid,
+                                                  "reward": s.reward, "detail": s.detail} for s in new_scores])
+        scores += new_scores
+        trajs += new_trajs
+        if len(chunks) > 1:
+            done = len(scores)
+            print(f"chunk {n}/{len(chunks)}: {done} episodes, valid {sum(s.valid for s in scores)}/{done}, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+    wall = time.perf_counter() - t0
     agg = adapter.aggregate(scores)
     for cat, row in agg.get("per_category", {}).items():
         run.log_metrics({"category": cat, **row})
