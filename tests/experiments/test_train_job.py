@@ -39,6 +39,9 @@ def test_bad_config_names_file_and_field(tmp_path):
     with pytest.raises(ConfigError, match=r"field 'rollout.max_turn': Extra inputs"):
         load_config(path)
     assert main(["train", "--config", str(path)]) == 2  # one clear line, no traceback
+    with pytest.raises(ConfigError, match=r"field 'device'"):
+        load_config(_cfg(tmp_path, device="gpu0"))
+    assert load_config(_cfg(tmp_path, device="cuda:1")).device == "cuda:1"
 
 
 def _assert_tensorboard_mirrors(run: RunDir, evals: list[dict]) -> None:

@@ -116,6 +116,9 @@ class TrainConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     out: str = "runs"
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$",
+                        description="torch device of a one-process run: auto (cuda when available, else cpu), "
+                        "cpu, cuda, cuda:1, mps; under accelerate launch each rank takes its own")
 
 
 class ConfigError(ValueError):

@@ -94,7 +94,7 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list[Task], cfg
     """Success on held-out tasks with the real world answering, whatever the training source.
     On several processes each rank runs its share of the tasks; every rank gets all of them."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
-    backend = TransformersBackend(model, tokenizer, device=_device(accelerator), max_batch=gen.max_batch)
+    backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch)
     trajs, stats = run_episodes(dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed), RealSource(),
                                 RolloutConfig(group_size=1, max_turns=cfg.rollout.max_turns))
     trajs = _in_task_order(dist.gather_trajectories(accelerator, trajs), tasks, accelerator)
@@ -168,7 +168,7 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
     random.seed(cfg.seed)
     main = dist.is_main_process(accelerator)
     policy, tok = load_policy(cfg.model, cfg.lora)
-    policy.to(_device(accelerator))
+    policy.to(_device(accelerator, cfg))
     if resume is None:
         # Rank 0 creates the run directory and runs the warm start; the other ranks wait for its
         # path, then load the warm-started weights from it as a resumed run does.
@@ -201,8 +201,12 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
                       accelerator=accelerator)
 
 
-def _device(accelerator: Any | None) -> Any:
-    return "cpu" if accelerator is None else accelerator.device
+def _device(accelerator: Any | None, cfg: TrainConfig) -> Any:
+    if accelerator is not None:
+        return accelerator.device
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
 
 
 def _in_task_order(trajs: list[Trajectory], tasks: list[Task], accelerator: Any | None) -> list[Trajectory]:
@@ -243,7 +247,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     pool, held_out = rl_tasks(cfg, train_tasks(cfg)), eval_tasks(cfg)
     gen = generation_settings(cfg)
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
-    device = _device(acc)
+    device = _device(acc, cfg)
     caller_backend = TransformersBackend(models.for_role("caller"), tok, device=device, max_batch=gen.max_batch)
     sim_model = models.for_role("simulator")
     if cfg.source == "simulator":
