@@ -150,6 +150,7 @@ def test_bench_eval_writes_run_dir(tmp_path, tiny_backend) -> None:
     assert (run.path / "scores.jsonl").read_text().count("\n") == 4
     text = (run.path / "summary.md").read_text()
     assert "acc/multi_turn_base" in text and "overall_runnable" in text
+    assert "stop_reasons" in text
 
 
 class _DiesAfter:

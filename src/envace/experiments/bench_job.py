@@ -11,6 +11,7 @@ episode), ``metrics.jsonl`` (one row per category and one aggregate row) and ``s
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -157,10 +158,15 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
             summary[k] = v
     summary["tool_calls"] = sum(t.tool_calls for t in trajs) / len(trajs)
     summary["parse_failures"] = sum(t.parse_failures for t in trajs)
+    stops = Counter(str(t.stop_reason) for t in trajs)
+    summary["stop_reasons"] = ", ".join(f"{k} {v}" for k, v in sorted(stops.items()))
     summary["wall_s"] = round(wall, 1)
     text = summary_markdown(summary, f"{job.bench}: {job.model} ({job.source})")
     if agg.get("note"):
         text += f"\n{agg['note']}\n"
     run.write_text("summary.md", text)
     print_summary(summary, f"{job.bench} {','.join(job.categories)}: {job.model}, source={job.source}")
+    if stops.get("context_limit"):
+        print(f"note: {stops['context_limit']} of {len(trajs)} episodes ended at the prompt limit "
+              f"({job.max_prompt_tokens} tokens); raise --max-prompt-tokens if the model's context allows")
     return run
