@@ -88,6 +88,18 @@ class CheckpointConfig(_Section):
     keep_last: int = Field(2, ge=1)
 
 
+class BenchTrainConfig(_Section):
+    """Train on a paper benchmark's entries instead of the embedded worlds (experiments.bench_train)."""
+    name: str = Field(description="benchmark, as in `envace bench list`")
+    categories: list[str] = Field(min_length=1)
+    limit: int | None = Field(None, ge=1, description="first N entries of each category (default: all)")
+    test_every: int = Field(5, ge=2, description="every N-th entry is held out for the real-environment eval")
+    data_dir: str | None = None
+    data_version: str | None = None
+    max_steps: int | None = Field(None, ge=1, description="caller steps per user turn (default: the benchmark's)")
+    max_user_turns: int = Field(30, ge=1)
+
+
 class TrainConfig(_Section):
     model: str = "smollm2"
     sim_model: str | None = Field(None, description="frozen simulator for source=simulator (default: the start model)")
@@ -114,6 +126,8 @@ class TrainConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    bench: BenchTrainConfig | None = Field(None, description="train on a paper benchmark's entries (its scorer "
+                                           "as reward, its environment for the eval) instead of `worlds`")
     out: str = "runs"
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$",

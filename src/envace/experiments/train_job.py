@@ -19,6 +19,7 @@ import torch
 
 from envace.core.prompts import PromptStyle
 from envace.core.types import Task, Trajectory
+from envace.experiments.bench_train import BenchTaskSet, bench_episodes, bench_task_set
 from envace.experiments.config import TrainConfig
 from envace.experiments.metrics_log import MetricsLog
 from envace.experiments.factory import GenerationSettings, make_actor, make_source
@@ -89,14 +90,19 @@ def step_tasks(pool: list[Task], cfg: TrainConfig, step: int) -> list[Task]:
     return random.Random(cfg.seed * 1_000_003 + step).sample(pool, min(cfg.tasks_per_step, len(pool)))
 
 
-def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list[Task], cfg: TrainConfig,
-                  accelerator: Any | None = None) -> tuple[dict[str, float], list[Trajectory]]:
-    """Success on held-out tasks with the real world answering, whatever the training source.
+def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: TrainConfig,
+                  accelerator: Any | None = None, bench: BenchTaskSet | None = None
+                  ) -> tuple[dict[str, float], list[Trajectory]]:
+    """Success on held-out tasks with the real world answering, whatever the training source
+    (with ``bench``: the benchmark's entries, environment and scorer).
     On several processes each rank runs its share of the tasks; every rank gets all of them."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
     backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch)
-    trajs, stats = run_episodes(dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed), RealSource(),
-                                RolloutConfig(group_size=1, max_turns=cfg.rollout.max_turns))
+    mine, actor = dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed)
+    if bench is not None:
+        trajs, _ = bench_episodes(bench, mine, actor, None, backend, cfg.seed, group_size=1)
+    else:
+        trajs, _ = run_episodes(mine, actor, RealSource(), RolloutConfig(group_size=1, max_turns=cfg.rollout.max_turns))
     trajs = _in_task_order(dist.gather_trajectories(accelerator, trajs), tasks, accelerator)
     n = len(trajs)
     return {"eval/success": sum(t.reward >= 1.0 for t in trajs) / n,
@@ -240,11 +246,18 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     main = dist.is_main_process(acc)
     if not main:
         log = _silent  # noqa: F811 - rank 0 speaks for the run
+    if cfg.bench is not None and cfg.sft.enabled and cfg.sft.init_from is None:
+        raise ValueError("sft.enabled: the SFT warm start imitates the embedded worlds' scripted oracle; with "
+                         "bench: set sft.enabled: false, or sft.init_from a warm start")
+    bench = bench_task_set(cfg.bench) if cfg.bench is not None else None
     st = prepare(cfg, resume, log, acc)
     run, models = st.run, st.models
     metrics_log = MetricsLog(run, resume_step=st.start_step if resume is not None else None) if main else None
     tok = models.tokenizer
-    pool, held_out = rl_tasks(cfg, train_tasks(cfg)), eval_tasks(cfg)
+    if bench is not None:
+        pool, held_out = bench.train, bench.test[:cfg.eval.tasks]
+    else:
+        pool, held_out = rl_tasks(cfg, train_tasks(cfg)), eval_tasks(cfg)
     gen = generation_settings(cfg)
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
     device = _device(acc, cfg)
@@ -258,7 +271,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
             f"{cfg.group_size} trajectories per step, split by task")
 
     def do_eval(step: int) -> dict[str, float]:
-        metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc)
+        metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc, bench)
         if main:
             run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
             metrics_log.log({"phase": "eval", "step": step, **metrics})
@@ -280,8 +293,13 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         actor = make_actor(caller_backend, gen, step_seed)
         # Rehearsal uses the simulator-role model (the policy itself in share mode).
         source = make_source(cfg.source, sim_backend, gen, step_seed, simulator=sim_backend)
-        trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
-                                                                         max_turns=cfg.rollout.max_turns))
+        if bench is not None:  # the benchmark's episode loop and scorer; source "real": its environment
+            trajs, tok_s = bench_episodes(bench, tasks, actor, None if cfg.source == "real" else source,
+                                          caller_backend, step_seed, cfg.group_size)
+        else:
+            trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
+                                                                             max_turns=cfg.rollout.max_turns))
+            tok_s = rstats.tokens_per_second
         t_roll = time.perf_counter() - t0
         # Advantages centred over every rank's samples of each (task, role) group.
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
@@ -289,7 +307,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                                 format_bonus=cfg.grpo.sim_format_reward)
         ustats = dist.distributed_update(acc, models.spec, st.updaters, scored)
         t_total = time.perf_counter() - t0
-        rolled = dist.gather_objects(acc, [(rstats.tokens_per_second, t_roll)])
+        rolled = dist.gather_objects(acc, [(tok_s, t_roll)])
         trajs = _in_task_order(dist.gather_trajectories(acc, trajs), all_tasks, acc)
         row: dict[str, Any] = {"phase": "train", "step": step, "reward": sum(t.reward for t in trajs) / len(trajs),
                                "success": sum(t.reward >= 1.0 for t in trajs) / len(trajs),
