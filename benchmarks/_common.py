@@ -4,6 +4,7 @@ sibling module (``python benchmarks/<script>.py``)."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -78,3 +79,25 @@ def current_rss_mib() -> float:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except OSError:
         return float("nan")
+
+
+_EPISODE_ARGS = {"model": str, "world": str, "tasks": int, "group_size": int, "max_turns": int}
+
+
+def make_parser(doc: str | None, **defaults: object) -> argparse.ArgumentParser:
+    """A script's parser with the episode options it takes (``--model``, ``--world``, ``--tasks``,
+    ``--group-size``, ``--max-turns``: those given a default here)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, typ in _EPISODE_ARGS.items():
+        if name in defaults:
+            p.add_argument("--" + name.replace("_", "-"), type=typ, default=defaults[name])
+    return p
+
+
+def start(p: argparse.ArgumentParser, title: str) -> argparse.Namespace:
+    """Parse (with ``--threads``, default 1), set the torch threads, print the machine header."""
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    set_threads(args.threads)
+    print_header(title, args)
+    return args

@@ -34,7 +34,6 @@ with a rehearsed response each, as after an SFT warm start. ``--caller policy`` 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass, field
@@ -43,13 +42,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import load1, print_header, set_threads, spread  # noqa: E402
+from _common import load1, make_parser, spread, start  # noqa: E402
 
 from envace.core.prompts import PromptStyle  # noqa: E402
 from envace.core.toolcall import format_tool_call, parse_tool_calls  # noqa: E402
 from envace.experiments.tasks import select_tasks  # noqa: E402
 from envace.policy.sampling import Generation, SamplingParams  # noqa: E402
-from envace.policy.transformers_backend import TransformersBackend, left_pad  # noqa: E402
+from envace.policy.transformers_backend import TransformersBackend, pad_rows  # noqa: E402
 from envace.rollout.actors import PolicyActor  # noqa: E402
 from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402
 from envace.rollout.sources import ModelSource  # noqa: E402
@@ -170,7 +169,7 @@ def plain_generate(backend: TransformersBackend, call: Call) -> tuple[float, lis
 
     model, tok = backend.model, backend.tokenizer
     eos = sorted(backend.eos_ids) or [backend.pad_id]
-    ids, mask = left_pad(call.prompts, backend.pad_id)
+    ids, mask = pad_rows(call.prompts, backend.pad_id)
     width = ids.shape[1]
     targets = [o.token_ids for o in call.outputs]
     params = call.params
@@ -222,12 +221,7 @@ def run(backend: TransformersBackend, tasks, style, args, seed: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--world", default="shop")
-    p.add_argument("--tasks", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--max-turns", type=int, default=2)
+    p = make_parser(__doc__, model="smollm2", world="shop", tasks=4, group_size=8, max_turns=2)
     p.add_argument("--caller-tokens", type=int, default=48)
     p.add_argument("--sim-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
@@ -237,11 +231,8 @@ def main() -> None:
     p.add_argument("--single-rows", type=int, default=4, help="rows of each call replayed one at a time (0: skip)")
     p.add_argument("--skip-plain", action="store_true")
     p.add_argument("--no-share", action="store_true", help="turn shared-prefix prefill off")
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    set_threads(args.threads)
-    print_header("rollout throughput: engine vs plain model.generate vs one episode at a time", args)
+    args = start(p, "rollout throughput: engine vs plain model.generate vs one episode at a time")
 
     t0 = time.perf_counter()
     backend = TransformersBackend.from_spec(args.model, max_batch=args.max_batch)

@@ -16,14 +16,13 @@ tokens, RSS after the step; at the end, the process's peak RSS.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import current_rss_mib, load1, peak_rss_mib, print_header, set_threads  # noqa: E402
+from _common import current_rss_mib, load1, make_parser, peak_rss_mib, start  # noqa: E402
 from rollout_throughput import ForcedCallActor  # noqa: E402
 
 from envace.core.prompts import PromptStyle  # noqa: E402
@@ -60,10 +59,7 @@ def one_step(backend, updater, tasks, style, group: int, turns: int, args, seed:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="llama:128x2")
-    p.add_argument("--world", default="shop")
-    p.add_argument("--tasks", type=int, default=4)
+    p = make_parser(__doc__, model="llama:128x2", world="shop", tasks=4)
     p.add_argument("--groups", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--turns", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--base-group", type=int, default=4)
@@ -72,11 +68,8 @@ def main() -> None:
     p.add_argument("--sim-tokens", type=int, default=96)
     p.add_argument("--micro-batch-tokens", type=int, default=8192)
     p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    set_threads(args.threads)
-    print_header("step time vs group size and turns per episode", args)
+    args = start(p, "step time vs group size and turns per episode")
     t0 = time.perf_counter()
     model, tok = load_model(args.model)
     rss_loaded = current_rss_mib()

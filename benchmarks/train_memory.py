@@ -17,7 +17,6 @@ the peak after a warm-up and one full update over the same oracle samples:
 
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import load1, print_header, set_threads  # noqa: E402
+from _common import load1, make_parser, start  # noqa: E402
 
 CASES = {
     "demo": ["--model", "llama:128x2", "--only", "grpo", "--micro-batch-tokens", "8192"],
@@ -37,15 +36,9 @@ CASES = {
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser(__doc__, tasks=2, group_size=2, max_turns=2)
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    p.add_argument("--tasks", type=int, default=2)
-    p.add_argument("--group-size", type=int, default=2)
-    p.add_argument("--max-turns", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
-    set_threads(args.threads)
-    print_header("peak RSS of one training update (a fresh process per case)", args)
+    args = start(p, "peak RSS of one training update (a fresh process per case)")
     common = ["--tasks", str(args.tasks), "--group-size", str(args.group_size), "--max-turns",
               str(args.max_turns), "--repeats", "1", "--threads", str(args.threads)]
     print(f"{'case':<14} {'after load MiB':>14} {'peak MiB':>9} {'update s':>9} {'tok/s':>7} {'load1':>6}  samples")

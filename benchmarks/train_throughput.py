@@ -26,7 +26,6 @@ the peak-memory script, which needs one side per process). Peak RSS is printed a
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import current_rss_mib, load1, peak_rss_mib, print_header, set_threads, spread  # noqa: E402
+from _common import current_rss_mib, load1, make_parser, peak_rss_mib, spread, start  # noqa: E402
 from _samples import oracle_samples, sample_stats  # noqa: E402
 
 from envace.core.prompts import PromptStyle  # noqa: E402
@@ -107,12 +106,7 @@ class PlainLoop:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--world", default="shop")
-    p.add_argument("--tasks", type=int, default=2)
-    p.add_argument("--group-size", type=int, default=2)
-    p.add_argument("--max-turns", type=int, default=2)
+    p = make_parser(__doc__, model="smollm2", world="shop", tasks=2, group_size=2, max_turns=2)
     p.add_argument("--micro-batch-tokens", type=int, default=4096)
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--repeats", type=int, default=2)
@@ -120,10 +114,7 @@ def main() -> None:
     p.add_argument("--unmerged", action="store_true",
                    help="also time the GRPO update with caller-turn merging off (grpo-unmerged)")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (r=16) instead of all weights")
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
-    set_threads(args.threads)
-    print_header("training throughput: role-wise GRPO update vs plain forward/backward/step", args)
+    args = start(p, "training throughput: role-wise GRPO update vs plain forward/backward/step")
 
     t0 = time.perf_counter()
     model, tok = load_model(args.model)

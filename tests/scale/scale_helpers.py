@@ -3,7 +3,12 @@ trajectories scored by the tiny model, and the updaters both sides train with.""
 
 from __future__ import annotations
 
+import os
 import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -80,3 +85,34 @@ def make_updaters(caller, simulator) -> dict[str, GRPOUpdater]:
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr) if key == "caller" else None
         ups[key] = GRPOUpdater(model, cfg, optimizer=opt)
     return ups
+
+
+def launch_two(target: list[str], cwd: Path) -> subprocess.Popen:
+    """``accelerate launch`` with 2 processes on a free loopback port, as a user launches it.
+    Without GPUs, ``--multi_gpu`` is what makes accelerate start 2 processes (torchrun; they run
+    on CPU with gloo): without it, a CPU-only ``--num_processes 2`` starts one plain process.
+    ``target``: a script path and its arguments, or ``["-m", module, ...]``."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), *target]
+    # CPU and gloo on any machine (2 ranks on one GPU would be refused by NCCL).
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
+    """The launcher's exit code and output; on a timeout the launcher (and so its ranks) is ended."""
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+        return proc.returncode, output
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)

@@ -3,16 +3,13 @@ process on the same global batch (tiny model), and the helpers around it."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from scale_helpers import make_trajectories, make_updaters, tiny_models
+from scale_helpers import finish, launch_two, make_trajectories, make_updaters, tiny_models
 
 from envace.train import distributed as dist
 from envace.train.advantages import compute_advantages
@@ -23,36 +20,15 @@ HERE = Path(__file__).parent
 TIMEOUT_S = 240  # a loaded 2-core box imports torch + transformers twice in ~20 s; normally ~10 s
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch_two(out: Path) -> subprocess.Popen:
     """The documented launcher: ``accelerate launch`` with 2 processes (on a machine without GPUs
-    accelerate runs them on CPU with the gloo backend), on a free loopback port."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()),
-           str(HERE / "ddp_worker.py"), str(out)]
-    # CPU and gloo on any machine (2 ranks on one GPU would be refused by NCCL).
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
-    return subprocess.Popen(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    accelerate runs them on CPU with the gloo backend)."""
+    return launch_two([str(HERE / "ddp_worker.py"), str(out)], HERE)
 
 
 def _wait(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-        return proc.returncode, output[-6000:]
-    finally:
-        if proc.poll() is None:  # timed out: end the launcher, which ends its ranks
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+    code, output = finish(proc, TIMEOUT_S)
+    return code, output[-6000:]
 
 
 def test_two_processes_take_the_one_process_update(tmp_path):

@@ -19,17 +19,15 @@ group, so the step has nonzero advantages to learn from.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from scale_helpers import finish, launch_two
 
 from envace.core.jsonl import read_jsonl_dicts
 from envace.core.types import ChecklistItem, Trajectory
@@ -43,12 +41,6 @@ from envace.train.step import update_for_mode
 TIMEOUT_S = 900  # each launch is ~20 s of CPU; a shared, loaded 2-core box stretches that to minutes
 LETTERS = ("k", "v", "w", "y", "b", "f", "g", "p")  # each in some of the random answers, not all
 TASKS_PER_STEP, G, EVAL_TASKS = 3, 2, 3  # 3 tasks on 2 ranks: uneven shards (2 and 1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _task_file(path: Path) -> Path:
@@ -81,28 +73,13 @@ def _config(tmp: Path) -> Path:
 
 
 def _launch(tmp: Path, *args: str) -> subprocess.Popen:
-    """What a user types, with a free loopback port. Without GPUs, ``--multi_gpu`` is what makes
-    accelerate start 2 processes (torchrun; they run on CPU with gloo): without it, a CPU-only
-    ``accelerate launch --num_processes 2`` starts one plain process."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1",
-           "--main_process_port", str(_free_port()), "-m", "envace.cli.main", "train", *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
-    return subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """What a user types: ``accelerate launch ... -m envace.cli.main train ARGS``."""
+    return launch_two(["-m", "envace.cli.main", "train", *args], tmp)
 
 
 def _wait(proc: subprocess.Popen) -> str:
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        if proc.poll() is None:  # timed out: end the launcher, which ends its ranks
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-    assert proc.returncode == 0, f"accelerate launch exited {proc.returncode}:\n{output[-6000:]}"
+    code, output = finish(proc, TIMEOUT_S)
+    assert code == 0, f"accelerate launch exited {code}:\n{output[-6000:]}"
     return output
 
 

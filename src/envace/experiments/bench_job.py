@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from envace.benchmarks.registry import get_adapter
-from envace.experiments.bench_runner import BenchRealSource, ScriptedUser, run_bench_episodes
+from envace.core.jsonl import append_jsonl
+from envace.experiments.bench_runner import bench_user, run_scored_episodes
 from envace.experiments.eval_models import load_eval_backend
 from envace.experiments.factory import GenerationSettings, make_actor, make_source
 from envace.experiments.rundir import RunDir
@@ -96,39 +97,28 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
         return load_eval_backend(spec, job.max_batch, job.device)
 
     policy = backend if backend is not None else load(job.model)
-    if job.source == "real":
-        source = BenchRealSource(adapter, items)
-    else:
+    source = None  # real: the benchmark's environment
+    if job.source != "real":
         sim = None
         if job.source == "simulator":
             sim = policy if job.sim_model in (None, job.model) else load(job.sim_model)
         source = make_source(job.source, policy, gen, job.seed, simulator=sim)
-    user = ScriptedUser()
-    if hasattr(adapter, "make_user"):
-        user_backend = policy if job.user_model in (None, job.model) else load(job.user_model)
-        user = adapter.make_user(user_backend, seed=job.seed) or user
+    own_user = hasattr(adapter, "make_user") and job.user_model not in (None, job.model)
+    user = bench_user(adapter, load(job.user_model) if own_user else policy, job.seed)
     if hasattr(adapter, "set_judge"):
         judge_backend = policy if job.judge_model in (None, job.model) else load(job.judge_model)
         adapter.set_judge(judge_backend)
-    from envace.core.jsonl import append_jsonl
-
     # Items run in chunks, each written as soon as it is scored: a crash or Ctrl-C loses at most
     # one chunk, and the progress line shows the running accuracy on long, slow evaluations.
     size = max(1, job.chunk or job.max_batch)
     chunks = [items[i:i + size] for i in range(0, len(items), size)]
     t0 = time.perf_counter()
     scores, trajs = [], []
-    by_id = {i.id: i for i in items}
     for n, chunk in enumerate(chunks, 1):
-        results = run_bench_episodes(chunk, make_actor(policy, gen, job.seed + n - 1), source, user,
+        scored = run_scored_episodes(adapter, chunk, make_actor(policy, gen, job.seed + n - 1), source, user,
                                      group_size=job.group_size, max_steps=job.max_steps,
                                      max_user_turns=job.max_user_turns)
-        new_scores, new_trajs = [], []
-        for traj, episode, state in results:
-            score = adapter.score(by_id[traj.task_id], episode, state if job.source == "real" else None)
-            traj.reward = score.reward
-            new_trajs.append(traj)
-            new_scores.append(score)
+        new_trajs, new_scores = [t for t, _ in scored], [sc for _, sc in scored]
         run.add_trajectories(new_trajs)
         append_jsonl(run.path / "scores.jsonl", [{"item_id": s.item_id, "category": s.category, "valid": s.valid,
                                                   "reward": s.reward, "detail": s.detail} for s in new_scores])

@@ -220,3 +220,28 @@ def run_bench_episodes(items: list[BenchItem], actor: Actor, source: ResponseSou
                           timings={"episode_s": round(time.perf_counter() - e.started, 4)})
         out.append((traj, e.episode(), e.state))
     return out
+
+
+def bench_user(adapter: Any, backend: Any, seed: int | None) -> User:
+    """The benchmark's simulated user played by ``backend`` where it has one (tau2, VitaBench),
+    else its scripted user turns."""
+    make = getattr(adapter, "make_user", None)
+    return (make(backend, seed=seed) if make else None) or ScriptedUser()
+
+
+def run_scored_episodes(adapter: Any, items: list[BenchItem], actor: Actor, source: ResponseSource | None,
+                        user: User, group_size: int = 1, max_steps: int | None = None, max_user_turns: int = 30,
+                        ) -> list[tuple[Trajectory, Any]]:
+    """:func:`run_bench_episodes` scored by the benchmark: (trajectory with ``reward`` set, the
+    benchmark's score) per episode. ``source`` None: the benchmark's real environment, whose final
+    state the scorer then sees; otherwise the scorer judges the episode without a world."""
+    real = source is None
+    results = run_bench_episodes(items, actor, BenchRealSource(adapter, items) if real else source, user,
+                                 group_size=group_size, max_steps=max_steps, max_user_turns=max_user_turns)
+    by_id = {i.id: i for i in items}
+    out = []
+    for traj, episode, state in results:
+        score = adapter.score(by_id[traj.task_id], episode, state if real else None)
+        traj.reward = score.reward
+        out.append((traj, score))
+    return out

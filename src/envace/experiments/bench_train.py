@@ -27,7 +27,7 @@ from typing import Any
 from envace.benchmarks.base import BenchItem
 from envace.benchmarks.registry import get_adapter
 from envace.core.types import Trajectory
-from envace.experiments.bench_runner import BenchRealSource, ScriptedUser, run_bench_episodes
+from envace.experiments.bench_runner import bench_user, run_scored_episodes
 from envace.experiments.config import BenchTrainConfig
 
 
@@ -61,26 +61,15 @@ def bench_task_set(cfg: BenchTrainConfig) -> BenchTaskSet:
     return BenchTaskSet(cfg, adapter, train, test)
 
 
-def _user(ts: BenchTaskSet, backend: Any, seed: int) -> Any:
-    make = getattr(ts.adapter, "make_user", None)
-    return (make(backend, seed=seed) if make else None) or ScriptedUser()
-
-
 def bench_episodes(ts: BenchTaskSet, items: list[BenchItem], actor: Any, source: Any | None, user_backend: Any,
                    seed: int, group_size: int) -> tuple[list[Trajectory], float]:
     """Episodes of ``items`` scored by the benchmark; ``source`` None: its real environment.
     Returns the trajectories (reward = the benchmark's score) and generated tokens per second."""
-    real = source is None
     t0 = time.perf_counter()
-    results = run_bench_episodes(items, actor, BenchRealSource(ts.adapter, items) if real else source,
-                                 _user(ts, user_backend, seed), group_size=group_size,
-                                 max_steps=ts.config.max_steps, max_user_turns=ts.config.max_user_turns)
+    scored = run_scored_episodes(ts.adapter, items, actor, source, bench_user(ts.adapter, user_backend, seed),
+                                 group_size=group_size, max_steps=ts.config.max_steps,
+                                 max_user_turns=ts.config.max_user_turns)
     seconds = time.perf_counter() - t0
-    by_id = {i.id: i for i in items}
-    trajs = []
-    for traj, episode, state in results:
-        score = ts.adapter.score(by_id[traj.task_id], episode, state if real else None)
-        traj.reward = float(score.reward)
-        trajs.append(traj)
+    trajs = [t for t, _ in scored]
     tokens = sum(len(s.gen_ids) for t in trajs for s in t.samples)
     return trajs, tokens / seconds if seconds > 0 else 0.0

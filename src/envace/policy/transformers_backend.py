@@ -103,7 +103,7 @@ class TransformersBackend:
         cache = DynamicCache(config=self.model.config)
         plan = plan_shared_prefixes(prompts) if self.share_prefixes else None
         if plan is None:
-            input_ids, attention = left_pad(prompts, self.pad_id)
+            input_ids, attention = pad_rows(prompts, self.pad_id)
             # Positions count real tokens only, so a padded row sees the positions it would alone.
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
             input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
@@ -147,14 +147,14 @@ class TransformersBackend:
         ``[pad][prefix][pad][suffix]``; the attention mask hides both pads. Returns the last
         prompt position's logits and that mask."""
         heads = [prompts[first][:length] for first, length in zip(plan.firsts, plan.prefix_len)]
-        head_ids, head_mask = left_pad(heads, self.pad_id)
+        head_ids, head_mask = pad_rows(heads, self.pad_id)
         head_pos = (head_mask.cumsum(-1) - 1).clamp(min=0)
         head_ids, head_mask, head_pos = (t.to(self.device) for t in (head_ids, head_mask, head_pos))
         self._forward(head_ids, head_mask, head_pos, cache, last_only=True)
         group = torch.tensor(plan.group_of, dtype=torch.long, device=self.device)
         cache.batch_select_indices(group)
         tails = [p[plan.prefix_len[g]:] for p, g in zip(prompts, plan.group_of)]
-        tail_ids, tail_mask = left_pad(tails, self.pad_id)
+        tail_ids, tail_mask = pad_rows(tails, self.pad_id)
         tail_ids, tail_mask = tail_ids.to(self.device), tail_mask.to(self.device)
         offset = torch.tensor([plan.prefix_len[g] for g in plan.group_of], dtype=torch.long, device=self.device)
         tail_pos = offset[:, None] + (tail_mask.cumsum(-1) - 1).clamp(min=0)
@@ -241,15 +241,17 @@ def sample_rows(probs: torch.Tensor, top_p: float, generators: list[torch.Genera
     return picked.squeeze(-1)
 
 
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, W] token ids and attention mask, each row right-aligned (its next token is last)."""
+def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, W] token ids and attention mask. ``left``: each row right-aligned (its next token is
+    last, for generation); ``right``: left-aligned (for scoring)."""
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
         if row:
-            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = 1
+            span = slice(width - len(row), width) if side == "left" else slice(0, len(row))
+            ids[i, span] = torch.tensor(row, dtype=torch.long)
+            mask[i, span] = 1
     return ids, mask
 
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from envace.core.types import Role
 from envace.train.advantages import ScoredSample
-from envace.policy.transformers_backend import plan_shared_prefixes
+from envace.policy.transformers_backend import pad_rows, plan_shared_prefixes
 from envace.train.batching import PackedBatch, pack_samples
 
 # Run a micro-batch's shared prompt prefixes once (see ``_decoder_hidden``); False: one plain
@@ -125,7 +125,7 @@ def _decoder_hidden(
     # transformers 5.x names the decoder's cache argument ``cache`` (``past_key_values`` before)
     cache_kw = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
     heads = [seqs[f][:k] for f, k in zip(plan.firsts, plan.prefix_len)]
-    head_ids, head_mask = right_pad(heads, 0)  # padding is masked: its id never matters
+    head_ids, head_mask = pad_rows(heads, 0, "right")  # padding is masked: its id never matters
     width = head_ids.shape[1]
     head_pos = torch.arange(width).expand(len(heads), -1)
     cache = DynamicCache(config=decoder.config)
@@ -135,23 +135,12 @@ def _decoder_hidden(
     cache.batch_select_indices(group.to(device))
     offset = torch.tensor([plan.prefix_len[g] for g in plan.group_of], dtype=torch.long)
     tails = [s[k:] for s, k in zip(seqs, offset.tolist())]
-    tail_ids, tail_mask = right_pad(tails, 0)
+    tail_ids, tail_mask = pad_rows(tails, 0, "right")
     tail_pos = offset[:, None] + torch.arange(tail_ids.shape[1])[None, :]
     attention = torch.cat([head_mask[group], tail_mask], dim=-1)
     hidden = decoder(input_ids=tail_ids.to(device), attention_mask=attention.to(device),
                      position_ids=tail_pos.to(device), use_cache=True, **{cache_kw: cache}).last_hidden_state
     return hidden, offset.to(device)
-
-
-def right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, W] token ids and attention mask, each row left-aligned."""
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    att = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        att[i, : len(r)] = 1
-    return out, att
 
 
 def _window_logprobs(
