@@ -69,3 +69,12 @@ def test_envace_train_on_bfcl_with_rehearsal(tmp_path) -> None:
     path.write_text(yaml.safe_dump(cfg))
     with pytest.raises(ValueError, match="sft.enabled"):
         train(load_config(path), log=lambda *_: None)
+
+
+def test_training_episodes_have_a_judge_for_nl_assertions(tiny_backend) -> None:
+    """tau2's NL assertions count as met when nothing judges them: training rewards must not."""
+    pytest.importorskip("tau2", reason="needs the bench extra's tau2")
+    ts = bench_task_set(BenchTrainConfig(name="tau2", categories=["retail"], limit=4, test_every=2))
+    assert ts.adapter.judge is None
+    bench_episodes(ts, [], None, None, tiny_backend, seed=0, group_size=1)
+    assert ts.adapter.judge is not None and ts.adapter.judge.backend is tiny_backend

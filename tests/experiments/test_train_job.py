@@ -146,3 +146,48 @@ def test_grpo_draws_from_train_tasks_the_warm_start_did_not_imitate(tmp_path):
     assert rl_tasks(load_config(_cfg(tmp_path), ["sft.enabled=false"]), pool) == pool
     everything = load_config(_cfg(tmp_path), [f"sft.trajectories={len(pool)}"])
     assert rl_tasks(everything, pool) == pool  # nothing left over: fall back to all of them
+
+
+def test_a_data_vocabulary_run_trains_resumes_warm_starts_others_and_its_checkpoint_evaluates(tmp_path):
+    """``sft.vocab``: a from-scratch model gets a tokenizer trained on the warm start's text; the
+    tokenizer travels with the warm start and every checkpoint, so resume, ``sft.init_from`` and
+    ``envace eval --model <checkpoint>`` all get the model's own vocabulary back."""
+    from envace.experiments.config import apply_overrides, parse_config
+    from envace.policy.loading import load_model
+    from envace.train.checkpoint import resolve_checkpoint
+
+    over = ["model=llama:64x1", "sft.vocab=512", "lora.enabled=false", "sft.trajectories=4", "steps=1"]
+    cfg = load_config(_cfg(tmp_path), over + ["out=" + str(tmp_path / "v")])
+    run = train(cfg, log=lambda *_: None)
+    ckpt = run.path / "checkpoints" / "step-00000001" / "policy"
+    model, tok = load_model(str(ckpt))
+    assert len(tok) <= 512 and model.get_input_embeddings().weight.shape[0] == len(tok)
+    assert tok.get_vocab() == load_model(str(resolve_checkpoint(run.path / "sft")))[1].get_vocab()
+    first = _train_rows(run)[1]
+
+    # resume rebuilds the model on the saved tokenizer and goes on
+    resumed = train(parse_config(apply_overrides(run.config(), ["steps=2"])), resume=run.path, log=lambda *_: None)
+    assert sorted(_train_rows(resumed)) == [1, 2]
+    assert _train_rows(resumed)[1] == first
+
+    # another run from this warm start: same vocabulary, same first step
+    again = train(load_config(_cfg(tmp_path), over + ["out=" + str(tmp_path / "w"),
+                                                      f"sft.init_from={run.path / 'sft'}"]), log=lambda *_: None)
+    assert _train_rows(again)[1]["reward"] == pytest.approx(first["reward"])
+    assert _train_rows(again)[1]["policy/loss"] == pytest.approx(first["policy/loss"], rel=1e-5, abs=1e-7)
+    # a warm start without the data vocabulary cannot seed a run that wants one
+    plain = train(load_config(_cfg(tmp_path), ["steps=0", "lora.enabled=false", "out=" + str(tmp_path / "p")]),
+                  log=lambda *_: None)
+    with pytest.raises(ValueError, match="sft.vocab: the warm start .* 49152-token vocabulary"):
+        train(load_config(_cfg(tmp_path), over + ["out=" + str(tmp_path / "x"),
+                                                  f"sft.init_from={plain.path / 'sft'}"]), log=lambda *_: None)
+
+    assert main(["eval", "--model", str(ckpt.parent), "--world", "shop", "--tasks", "1",
+                 "--max-new-tokens", "4", "--out", str(tmp_path / "e")]) == 0
+
+
+def test_a_data_vocabulary_needs_a_scratch_model_and_the_warm_start(tmp_path):
+    with pytest.raises(ConfigError, match="sft.vocab"):
+        load_config(_cfg(tmp_path), ["sft.vocab=512"])  # model: tiny
+    with pytest.raises(ConfigError, match="sft.vocab.*sft.enabled"):
+        load_config(_cfg(tmp_path), ["model=llama:64x1", "sft.vocab=512", "sft.enabled=false"])

@@ -40,24 +40,24 @@ def grouped_batch(model, seed: int = 0, group: int = 3) -> list[ScoredSample]:
     return out
 
 
-def _run(model, packed, share: bool, monkeypatch):
-    monkeypatch.setattr(grpo_loss_module, "SHARE_PREFIXES", share)
+def _run(model, packed, share: bool):
     model.zero_grad(set_to_none=True)
-    logp, ent = grpo_loss_module.token_logprobs(model, packed, temperature=0.8, with_entropy=True)
+    logp, ent = grpo_loss_module.token_logprobs(model, packed, temperature=0.8, with_entropy=True,
+                                                share_prefixes=share)
     (logp * packed.advantages[:, None]).sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     return logp.detach(), ent, grads
 
 
-def test_shared_prefix_forward_gives_the_same_logprobs_and_gradients(monkeypatch):
+def test_shared_prefix_forward_gives_the_same_logprobs_and_gradients():
     model = make_tiny_model(0)
     batch = grouped_batch(model)
     packed = pack_samples(batch)
     seqs = [s.sample.prompt_ids + s.sample.gen_ids for s in batch]
     limits = [len(s.sample.prompt_ids) - 1 for s in batch]
     assert plan_shared_prefixes(seqs, limits=limits) is not None  # the shared path really runs
-    want = _run(model, packed, False, monkeypatch)
-    got = _run(model, packed, True, monkeypatch)
+    want = _run(model, packed, False)
+    got = _run(model, packed, True)
     torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=0)
     for g, w in zip(got[2], want[2]):
@@ -77,10 +77,9 @@ def test_grpo_step_is_unchanged_by_prefix_sharing(monkeypatch, merge_turns):
 
     monkeypatch.setattr(grpo_loss_module, "plan_shared_prefixes", counting_plan)
     for share in (False, True):
-        monkeypatch.setattr(grpo_loss_module, "SHARE_PREFIXES", share)
         model = make_tiny_model(1)
         batch = grouped_batch(make_tiny_model(1), seed=4)
-        cfg = UpdaterConfig(lr=1e-2, micro_batch_tokens=200, merge_turns=merge_turns)
+        cfg = UpdaterConfig(lr=1e-2, micro_batch_tokens=200, merge_turns=merge_turns, share_prefixes=share)
         stats = GRPOUpdater(model, cfg).step(batch)
         after.append((stats, [p.detach().clone() for p in model.parameters()]))
     (s0, w0), (s1, w1) = after

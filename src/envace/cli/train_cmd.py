@@ -50,12 +50,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _sft(args: argparse.Namespace) -> int:
-    from envace.experiments.train_job import SFT_DIR, warm_start
-    from envace.experiments.models import load_policy
+    from envace.experiments.train_job import SFT_DIR, run_policy, warm_start
 
     cfg = _config(args)
     run = RunDir.create(cfg.out, "sft", cfg.model_dump(mode="json"), seed=cfg.seed)
-    policy, tok = load_policy(cfg.model, cfg.lora)
+    policy, tok = run_policy(cfg)
     warm_start(policy, tok, cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"enabled": True})}), run, print)
     print(f"done: {run.path / SFT_DIR}")
     return 0

@@ -65,6 +65,10 @@ def bench_episodes(ts: BenchTaskSet, items: list[BenchItem], actor: Any, source:
                    seed: int, group_size: int) -> tuple[list[Trajectory], float]:
     """Episodes of ``items`` scored by the benchmark; ``source`` None: its real environment.
     Returns the trajectories (reward = the benchmark's score) and generated tokens per second."""
+    if hasattr(ts.adapter, "set_judge"):
+        # NL assertions (tau2) and rubrics (VitaBench) are judged by the policy itself, as in
+        # `envace eval --bench` without --judge-model; unjudged they would count as met.
+        ts.adapter.set_judge(user_backend)
     t0 = time.perf_counter()
     scored = run_scored_episodes(ts.adapter, items, actor, source, bench_user(ts.adapter, user_backend, seed),
                                  group_size=group_size, max_steps=ts.config.max_steps,

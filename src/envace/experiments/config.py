@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -74,6 +74,9 @@ class SFTConfig(_Section):
     copy_warmup_span: int = Field(16, ge=2)
     roles: list[Literal["caller", "simulator"]] = Field(default_factory=lambda: ["caller", "simulator"])
     init_from: str | None = Field(None, description="reuse the warm start of an earlier run: its <run>/sft dir")
+    vocab: int | None = Field(None, ge=300, description="for a llama: model trained from scratch: train a byte-level "
+                              "BPE of this many tokens on the warm start's oracle text and size the model's "
+                              "vocabulary to it (policy/data_tokenizer.py); None: SmolLM2's 49,152 tokens")
 
 
 class EvalConfig(_Section):
@@ -133,6 +136,16 @@ class TrainConfig(_Section):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$",
                         description="torch device of a one-process run: auto (cuda when available, else cpu), "
                         "cpu, cuda, cuda:1, mps; under accelerate launch each rank takes its own")
+
+    @model_validator(mode="after")
+    def _vocab_needs_scratch_model(self) -> TrainConfig:
+        if self.sft.vocab is not None and not self.model.strip().startswith("llama:"):
+            raise ValueError(f"sft.vocab: a data vocabulary is for a model trained from scratch (model: "
+                             f"llama:HIDDENxLAYERS), not {self.model!r}, whose embeddings fix its vocabulary")
+        if self.sft.vocab is not None and not self.sft.enabled:
+            raise ValueError("sft.vocab: the vocabulary is learned from the SFT warm start's text; "
+                             "it needs sft.enabled: true")
+        return self
 
 
 class ConfigError(ValueError):

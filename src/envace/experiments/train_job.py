@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
 from envace.core.prompts import PromptStyle
 from envace.core.types import Task, Trajectory
@@ -23,14 +24,16 @@ from envace.experiments.bench_train import BenchTaskSet, bench_episodes, bench_t
 from envace.experiments.config import TrainConfig
 from envace.experiments.metrics_log import MetricsLog
 from envace.experiments.factory import GenerationSettings, make_actor, make_source
-from envace.experiments.models import RunModels, frozen_copy, load_policy, split_for_mode
+from envace.experiments.models import RunModels, frozen_copy, load_policy, split_for_mode, with_lora
 from envace.experiments.progress import StepProgress
 from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
+from envace.policy.data_tokenizer import train_data_tokenizer
+from envace.policy.loading import scratch_llama, smollm2_tokenizer
 from envace.policy.transformers_backend import TransformersBackend
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import RealSource
-from envace.train.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from envace.train.checkpoint import find_latest, load_checkpoint, resolve_checkpoint, save_checkpoint
 from envace.train.copy_warmup import copy_warmup, data_vocabulary
 from envace.train.sft import oracle_sft_samples, run_sft
 from envace.train import distributed as dist
@@ -111,6 +114,30 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
             "eval/parse_failures": sum(t.parse_failures for t in trajs) / n}, trajs
 
 
+def run_policy(cfg: TrainConfig, saved: Path | None = None) -> tuple[torch.nn.Module, Any]:
+    """The policy a run starts from (LoRA applied) and its tokenizer: ``cfg.model``; with
+    ``sft.vocab``, a from-scratch model sized to a data tokenizer: the one saved with the warm
+    start in ``saved`` (a resumed run's or ``sft.init_from``'s sft dir), else one trained now on
+    the warm start's oracle text (deterministic, so every rank builds the same)."""
+    if cfg.sft.vocab is None:
+        return load_policy(cfg.model, cfg.lora)
+    if saved is not None and saved.exists():
+        saved = resolve_checkpoint(saved)
+        if not (saved / "tokenizer_config.json").is_file():
+            raise ValueError(f"sft.vocab: the warm start {saved} holds no tokenizer: it was trained without "
+                             "sft.vocab; use the same sft.vocab as the run that made it")
+        tok = AutoTokenizer.from_pretrained(saved)
+        if len(tok) > cfg.sft.vocab:
+            raise ValueError(f"sft.vocab: the warm start {saved} has a {len(tok)}-token vocabulary, not a data "
+                             f"vocabulary of at most {cfg.sft.vocab}; use the same sft.vocab as the run that made it")
+    else:
+        base = smollm2_tokenizer()
+        samples = oracle_sft_samples(sft_tasks(cfg, train_tasks(cfg)), base, prompt_style(cfg), roles=cfg.sft.roles,
+                                     simulator_tasks=cfg.sft.simulator_trajectories)
+        tok = train_data_tokenizer((base.decode(s.prompt_ids + s.gen_ids) for s in samples), cfg.sft.vocab, base)
+    return with_lora(scratch_llama(cfg.model, tok), cfg.lora), tok
+
+
 def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: RunDir, log) -> None:
     if not cfg.sft.enabled:
         return
@@ -120,7 +147,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
         if not src.exists():
             raise FileNotFoundError(f"sft.init_from: {src} does not exist")
         load_checkpoint(src, policy, restore_rng=False)
-        save_checkpoint(run.path / SFT_DIR, policy, step=0, keep_last=1)
+        save_checkpoint(run.path / SFT_DIR, policy, step=0, keep_last=1, tokenizer=tokenizer)
         log(f"SFT warm start loaded from {src}")
         return
     pool = train_tasks(cfg)
@@ -148,7 +175,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     bar.close()
     run.log_metrics({"phase": "sft", "step": 0, "sft/first_loss": stats.first_loss, "sft/last_loss": stats.last_loss,
                      "sft/samples": stats.samples, "sft/tokens": stats.tokens, "sft/seconds": time.perf_counter() - t0})
-    save_checkpoint(run.path / SFT_DIR, policy, step=0, keep_last=1)
+    save_checkpoint(run.path / SFT_DIR, policy, step=0, keep_last=1, tokenizer=tokenizer)
 
 
 @dataclass
@@ -173,8 +200,6 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     main = dist.is_main_process(accelerator)
-    policy, tok = load_policy(cfg.model, cfg.lora)
-    policy.to(_device(accelerator, cfg))
     if resume is None:
         # Rank 0 creates the run directory and runs the warm start; the other ranks wait for its
         # path, then load the warm-started weights from it as a resumed run does.
@@ -182,10 +207,16 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
         if main:
             created = RunDir.create(cfg.out, "train", cfg.model_dump(mode="json"), seed=cfg.seed)
             log(f"run directory: {created.path}")
+            init = Path(cfg.sft.init_from) if cfg.sft.enabled and cfg.sft.init_from else None
+            policy, tok = run_policy(cfg, init)
+            policy.to(_device(accelerator, cfg))
             warm_start(policy, tok, cfg, created, log)
         run = RunDir(Path(dist.broadcast_object(accelerator, str(created.path) if created else "")))
     else:
         run = RunDir.open(resume)
+    if resume is not None or not main:
+        policy, tok = run_policy(cfg, run.path / SFT_DIR)
+        policy.to(_device(accelerator, cfg))
     if (resume is not None or not main) and (run.path / SFT_DIR).exists():
         load_checkpoint(run.path / SFT_DIR, policy, restore_rng=False)
     start_model = frozen_copy(policy)
@@ -325,7 +356,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
             metrics_log.log(row)
             if checkpoint:
                 save_checkpoint(run.path / CKPT_DIR, models.trained, dist.optimizers_of(st.updaters), step=step,
-                                keep_last=cfg.checkpoint.keep_last)
+                                keep_last=cfg.checkpoint.keep_last, tokenizer=tok)
         if checkpoint and not dist.replicas_agree(acc, models.trained):
             raise RuntimeError(f"step {step}: the ranks' weights differ (a rank started from other weights or "
                                "optimiser state); the checkpoint holds rank 0's")

@@ -216,6 +216,11 @@ def _load_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrai
 # ---------------------------------------------------------------------------- tiny test model
 
 
+def smollm2_tokenizer() -> PreTrainedTokenizerBase:
+    """A copy of SmolLM2's tokenizer (the copy is the caller's to change)."""
+    return copy.deepcopy(_smollm2_tokenizer())
+
+
 @functools.lru_cache(maxsize=1)
 def _smollm2_tokenizer() -> PreTrainedTokenizerBase:
     return _gguf_tokenizer(smollm2_gguf_path())
@@ -257,8 +262,18 @@ def _load_tiny(spec: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrain
 
 
 def _load_scratch(spec: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    parts = spec.split(":")
+    tokenizer = copy.deepcopy(_smollm2_tokenizer())
+    return scratch_llama(spec, tokenizer, dtype), tokenizer
+
+
+def scratch_llama(spec: str, tokenizer: PreTrainedTokenizerBase,
+                  dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The randomly initialised Llama of a ``llama:HIDDENxLAYERS[:SEED]`` spec, its vocabulary
+    sized to ``tokenizer`` (SmolLM2's, or one trained on the run's data: policy/data_tokenizer)."""
+    parts = spec.strip().split(":")
     try:
+        if parts[0] != "llama":
+            raise ValueError
         hidden, layers = (int(x) for x in parts[1].lower().split("x"))
         seed = int(parts[2]) if len(parts) > 2 else 0
         if hidden < 32 or hidden % 32 or layers < 1 or len(parts) > 3:
@@ -268,11 +283,12 @@ def _load_scratch(spec: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTr
             f"model spec {spec!r}: expected llama:HIDDENxLAYERS[:SEED] with HIDDEN a multiple of 32, "
             f"e.g. llama:128x2. Accepted specs: {ACCEPTED_SPECS}."
         ) from None
-    tokenizer = copy.deepcopy(_smollm2_tokenizer())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(tiny_config(tokenizer, hidden, layers, initializer_range=0.02))
-    return _named((model.to(dtype).eval(), tokenizer), spec)
+    model = model.to(dtype).eval()
+    model.name_or_path = model.config.name_or_path = spec.strip()
+    return model
 
 
 @functools.lru_cache(maxsize=4)
@@ -291,7 +307,15 @@ def _load_hf_dir(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        if (path / "tokenizer_config.json").is_file():
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        elif model.config.vocab_size == len(_smollm2_tokenizer()):
+            # Checkpoints of models built on SmolLM2's tokenizer (smollm2, tiny, llama:) saved
+            # before checkpoints carried their tokenizer.
+            tokenizer = copy.deepcopy(_smollm2_tokenizer())
+        else:
+            raise ModelSpecError(f"model directory {str(path)!r} holds no tokenizer (tokenizer_config.json) and "
+                                 f"its vocabulary ({model.config.vocab_size}) is not SmolLM2's")
     return model.eval(), tokenizer
 
 

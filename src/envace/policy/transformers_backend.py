@@ -146,20 +146,13 @@ class TransformersBackend:
         top, at the positions it has in the full prompt. The cache then holds, per row,
         ``[pad][prefix][pad][suffix]``; the attention mask hides both pads. Returns the last
         prompt position's logits and that mask."""
-        heads = [prompts[first][:length] for first, length in zip(plan.firsts, plan.prefix_len)]
-        head_ids, head_mask = pad_rows(heads, self.pad_id)
-        head_pos = (head_mask.cumsum(-1) - 1).clamp(min=0)
-        head_ids, head_mask, head_pos = (t.to(self.device) for t in (head_ids, head_mask, head_pos))
-        self._forward(head_ids, head_mask, head_pos, cache, last_only=True)
-        group = torch.tensor(plan.group_of, dtype=torch.long, device=self.device)
-        cache.batch_select_indices(group)
-        tails = [p[plan.prefix_len[g]:] for p, g in zip(prompts, plan.group_of)]
-        tail_ids, tail_mask = pad_rows(tails, self.pad_id)
-        tail_ids, tail_mask = tail_ids.to(self.device), tail_mask.to(self.device)
-        offset = torch.tensor([plan.prefix_len[g] for g in plan.group_of], dtype=torch.long, device=self.device)
-        tail_pos = offset[:, None] + (tail_mask.cumsum(-1) - 1).clamp(min=0)
-        attention = torch.cat([head_mask[group], tail_mask], dim=-1)
-        logits = self._forward(tail_ids, attention, tail_pos, cache, last_only=True)
+        x = prefix_inputs(prompts, plan, self.pad_id, "left")
+        self._forward(x.head_ids.to(self.device), x.head_mask.to(self.device), x.head_pos.to(self.device), cache,
+                      last_only=True)
+        cache.batch_select_indices(x.group.to(self.device))
+        attention = x.attention.to(self.device)
+        logits = self._forward(x.tail_ids.to(self.device), attention, x.tail_pos.to(self.device), cache,
+                               last_only=True)
         return logits, attention
 
     def _forward(
@@ -325,6 +318,36 @@ def plan_shared_prefixes(
         for row in rows:
             group_of[row] = g
     return PrefixPlan(group_of=group_of, prefix_len=shared, firsts=[rows[0] for rows in groups])
+
+
+@dataclass(frozen=True)
+class PrefixInputs:
+    """The two forwards of a shared-prefix pass (see :func:`prefix_inputs`)."""
+
+    head_ids: torch.Tensor  # [groups, H] each group's shared prefix
+    head_mask: torch.Tensor
+    head_pos: torch.Tensor
+    group: torch.Tensor  # [rows] the group of each row: copies the prefix cache out to the rows
+    offset: torch.Tensor  # [rows] absolute position of each row's first own token
+    tail_ids: torch.Tensor  # [rows, T] each row's own tokens
+    tail_pos: torch.Tensor
+    attention: torch.Tensor  # [rows, H + T] mask over the copied prefix cache and the tail
+
+
+def prefix_inputs(rows: Sequence[Sequence[int]], plan: PrefixPlan, pad_id: int, side: str) -> PrefixInputs:
+    """Inputs of a shared-prefix pass, for generation (``side="left"``: each row's last token is
+    in the last column) and for scoring (``"right"``: the rows' tokens start in column 0).
+    Tokens keep the positions they have in the full row; padding is masked, so its position
+    and id never matter."""
+    heads = [rows[first][:length] for first, length in zip(plan.firsts, plan.prefix_len)]
+    head_ids, head_mask = pad_rows(heads, pad_id, side)
+    group = torch.tensor(plan.group_of, dtype=torch.long)
+    offset = torch.tensor([plan.prefix_len[g] for g in plan.group_of], dtype=torch.long)
+    tail_ids, tail_mask = pad_rows([r[k:] for r, k in zip(rows, offset.tolist())], pad_id, side)
+    return PrefixInputs(head_ids=head_ids, head_mask=head_mask, head_pos=(head_mask.cumsum(-1) - 1).clamp(min=0),
+                        group=group, offset=offset, tail_ids=tail_ids,
+                        tail_pos=offset[:, None] + (tail_mask.cumsum(-1) - 1).clamp(min=0),
+                        attention=torch.cat([head_mask[group], tail_mask], dim=-1))
 
 
 def first_stop_end(text: str, stops: Sequence[str]) -> int | None:

@@ -266,12 +266,12 @@ def save_checkpoint(
     try:
         for key, m in _as_mapping(model).items():
             _save_model(m, tmp / key if key else tmp)
+            if tokenizer is not None:  # beside each model: each model dir loads on its own
+                tokenizer.save_pretrained(tmp / key if key else tmp)
         for key, opt in _as_mapping(optimizer).items():
             torch.save(opt.state_dict(), tmp / _optimizer_file(key))
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
         torch.save(dict(rng_state) if rng_state is not None else capture_rng_state(), tmp / RNG_FILE)
         (tmp / STATE_FILE).write_text(state_json)  # last: marks the checkpoint complete
         _fsync_tree(tmp)
@@ -291,6 +291,17 @@ def save_checkpoint(
     return final
 
 
+def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """``path`` if it is a complete checkpoint, else the latest one under it (a checkpoint root)."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path
+    latest = find_latest(path)
+    if latest is None:
+        raise FileNotFoundError(f"no complete checkpoint in {path}")
+    return latest
+
+
 def load_checkpoint(
     path: str | os.PathLike[str],
     model: ModelArg | None = None,
@@ -303,12 +314,7 @@ def load_checkpoint(
     the global RNG states (``restore_rng``). ``path`` is a checkpoint dir, or a root dir whose
     latest checkpoint is used. Pass the same model/optimizer structure (single or mapping by
     key) that was saved."""
-    path = Path(path)
-    if not (path / STATE_FILE).is_file():
-        latest = find_latest(path)
-        if latest is None:
-            raise FileNotFoundError(f"no complete checkpoint in {path}")
-        path = latest
+    path = resolve_checkpoint(path)
     state = json.loads((path / STATE_FILE).read_text())
     saved_models = state.get("models", [""])
     for key, m in _as_mapping(model).items():

@@ -16,12 +16,8 @@ from torch import nn
 
 from envace.core.types import Role
 from envace.train.advantages import ScoredSample
-from envace.policy.transformers_backend import pad_rows, plan_shared_prefixes
+from envace.policy.transformers_backend import plan_shared_prefixes, prefix_inputs
 from envace.train.batching import PackedBatch, pack_samples
-
-# Run a micro-batch's shared prompt prefixes once (see ``_decoder_hidden``); False: one plain
-# forward over the padded rows (the reference path, kept for comparison and tests).
-SHARE_PREFIXES = True
 
 LossAgg = Literal["token_mean", "seq_mean"]
 ROLES: tuple[Role, ...] = ("caller", "simulator")
@@ -60,6 +56,7 @@ def token_logprobs(
     packed: PackedBatch,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    share_prefixes: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``packed.targets`` under ``log_softmax(logits / temperature)``: [B, W] float32
     (0 where ``token_mask`` is False).
@@ -78,7 +75,7 @@ def token_logprobs(
     if parts is None:
         return _window_logprobs(model, packed, temperature, with_entropy)
     decoder, head = parts
-    hidden, offset = _decoder_hidden(decoder, packed, mask, device)
+    hidden, offset = _decoder_hidden(decoder, packed, mask, device, share_prefixes)
     # Window index j predicts from absolute position window_start + j, which sits in column
     # window_start + j - offset[row] of ``hidden`` (offset: the row's shared prefix, if any).
     rows, cols = mask.nonzero(as_tuple=True)
@@ -98,19 +95,20 @@ def token_logprobs(
 
 
 def _decoder_hidden(
-    decoder: nn.Module, packed: PackedBatch, mask: torch.Tensor, device: torch.device
+    decoder: nn.Module, packed: PackedBatch, mask: torch.Tensor, device: torch.device, share_prefixes: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Last hidden states of the packed rows, and per row the offset of column 0 in absolute
     positions. Rows that share a prefix (a task's G samples share the system prompt, tools and
     instruction; a turn-0 prompt is the same in all G) run it once when that saves at least a
-    fifth of the padded tokens (``SHARE_PREFIXES``): the prefix forward's key/value cache is
+    fifth of the padded tokens (``share_prefixes``; off: one plain forward over the padded rows,
+    the reference path kept for comparison): the prefix forward's key/value cache is
     copied out to its rows (a differentiable index, so its gradient sums over them) and each
     row's own tokens, from its first scored position on, run on top. The result is the same
     as one forward over the full rows, up to float rounding."""
     ids, att = packed.input_ids, packed.attention_mask
     n = ids.shape[0]
     plan = None
-    if SHARE_PREFIXES and n > 1:
+    if share_prefixes and n > 1:
         lengths = att.sum(1).tolist()
         seqs = [ids[i, : lengths[i]].tolist() for i in range(n)]
         cpu_mask = mask.cpu()
@@ -124,23 +122,14 @@ def _decoder_hidden(
 
     # transformers 5.x names the decoder's cache argument ``cache`` (``past_key_values`` before)
     cache_kw = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-    heads = [seqs[f][:k] for f, k in zip(plan.firsts, plan.prefix_len)]
-    head_ids, head_mask = pad_rows(heads, 0, "right")  # padding is masked: its id never matters
-    width = head_ids.shape[1]
-    head_pos = torch.arange(width).expand(len(heads), -1)
+    x = prefix_inputs(seqs, plan, 0, "right")  # padding is masked: its id never matters
     cache = DynamicCache(config=decoder.config)
-    decoder(input_ids=head_ids.to(device), attention_mask=head_mask.to(device), position_ids=head_pos.to(device),
-            use_cache=True, **{cache_kw: cache})
-    group = torch.tensor(plan.group_of, dtype=torch.long)
-    cache.batch_select_indices(group.to(device))
-    offset = torch.tensor([plan.prefix_len[g] for g in plan.group_of], dtype=torch.long)
-    tails = [s[k:] for s, k in zip(seqs, offset.tolist())]
-    tail_ids, tail_mask = pad_rows(tails, 0, "right")
-    tail_pos = offset[:, None] + torch.arange(tail_ids.shape[1])[None, :]
-    attention = torch.cat([head_mask[group], tail_mask], dim=-1)
-    hidden = decoder(input_ids=tail_ids.to(device), attention_mask=attention.to(device),
-                     position_ids=tail_pos.to(device), use_cache=True, **{cache_kw: cache}).last_hidden_state
-    return hidden, offset.to(device)
+    decoder(input_ids=x.head_ids.to(device), attention_mask=x.head_mask.to(device),
+            position_ids=x.head_pos.to(device), use_cache=True, **{cache_kw: cache})
+    cache.batch_select_indices(x.group.to(device))
+    hidden = decoder(input_ids=x.tail_ids.to(device), attention_mask=x.attention.to(device),
+                     position_ids=x.tail_pos.to(device), use_cache=True, **{cache_kw: cache}).last_hidden_state
+    return hidden, x.offset.to(device)
 
 
 def _window_logprobs(
@@ -204,6 +193,7 @@ def grpo_loss(
     clip_high: float | None = None,
     pad_id: int = 0,
     with_entropy: bool = True,
+    share_prefixes: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One forward of ``model`` on ``batch``; returns (scalar loss, stats).
 
@@ -229,7 +219,8 @@ def grpo_loss(
         anchor = next(p for p in model.parameters() if p.requires_grad)
         return anchor.sum() * 0.0, {"loss": 0.0, "tokens": 0.0}
 
-    new_logp, entropy = token_logprobs(model, packed, temperature, with_entropy=with_entropy)
+    new_logp, entropy = token_logprobs(model, packed, temperature, with_entropy=with_entropy,
+                                       share_prefixes=share_prefixes)
     old_logp = packed.old_logprobs.to(device)
     adv = packed.advantages.to(device).unsqueeze(1)
 
@@ -244,7 +235,7 @@ def grpo_loss(
     kl_tok = None
     if ref_model is not None:
         with torch.no_grad():
-            ref_logp, _ = token_logprobs(ref_model, packed, temperature)
+            ref_logp, _ = token_logprobs(ref_model, packed, temperature, share_prefixes=share_prefixes)
         delta = torch.where(mask, ref_logp.to(device) - new_logp, torch.zeros_like(new_logp))
         kl_tok = torch.exp(delta) - delta - 1.0  # k3: unbiased, always >= 0
         if kl_coef:

@@ -42,6 +42,8 @@ class UpdaterConfig:
     skip_zero_advantage: bool = True
     # token_mean only: a trajectory's caller turns run as one sequence where prompts allow.
     merge_turns: bool = True
+    # Run a micro-batch's shared prompt prefixes once (same result; grpo_loss._decoder_hidden).
+    share_prefixes: bool = True
 
     def role_weights(self) -> dict[Role, float]:
         return {"caller": self.caller_weight, "simulator": self.simulator_weight}
@@ -122,6 +124,7 @@ class GRPOUpdater:
                 normalizers=normalizers,
                 pad_id=cfg.pad_id,
                 with_entropy=cfg.with_entropy,
+                share_prefixes=cfg.share_prefixes,
             )
             loss.backward()
             parts.append(stats)
