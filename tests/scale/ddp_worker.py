@@ -2,9 +2,10 @@
 which on a machine without GPUs runs 2 CPU processes on the gloo backend).
 
 Each rank keeps its share of the tasks, computes advantages over the whole group, and takes
-one distributed update; rank r writes its parameters and stats to OUT/rank{r}.pt. It also
-checks, on every rank, that group advantages are exact when a group's trajectories are split
-across ranks (exit code 3 if not)."""
+one distributed update (``ddp_worker.py OUT [ddp|fsdp]``); rank r writes its parameters (under
+FSDP: its whole-weight replicas), stats and the optimiser state a checkpoint would save to
+OUT/rank{r}.pt. It also checks, on every rank, that group advantages are exact when a group's
+trajectories are split across ranks (exit code 3 if not)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from envace.train.advantages import compute_advantages  # noqa: E402
 from envace.train.modes import ModeSpec  # noqa: E402
 
 
-def main(out_dir: str) -> int:
+def main(out_dir: str, parallel: str = "ddp") -> int:
     accelerator = dist.make_accelerator()
     assert accelerator is not None and accelerator.num_processes == 2, "launch with 2 processes"
     rank = accelerator.process_index
@@ -47,16 +48,18 @@ def main(out_dir: str) -> int:
     local = [t for t in trajs if t.task_id in mine]
     scored = dist.compute_advantages_global(accelerator, local)
     spec = ModeSpec.for_mode("noshare")
-    updaters = dist.prepare_updaters(accelerator, make_updaters(caller, simulator))
+    updaters = dist.prepare_updaters(accelerator, make_updaters(caller, simulator), parallel)
     stats = dist.distributed_update(accelerator, spec, updaters, scored)
+    optimizers = dist.optimizers_of(updaters)  # under FSDP: gathered, a collective
+    saved = {k: o if isinstance(o, dict) else o.state_dict() for k, o in optimizers.items()}
     torch.save({"rank": rank, "stats": stats,
                 "caller": {k: v.detach().clone() for k, v in caller.state_dict().items()},
                 "simulator": {k: v.detach().clone() for k, v in simulator.state_dict().items()},
-                "local_samples": len(scored)},
+                "local_samples": len(scored), "optimizers": saved},
                os.path.join(out_dir, f"rank{rank}.pt"))
     accelerator.wait_for_everyone()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:]))

@@ -20,10 +20,10 @@ HERE = Path(__file__).parent
 TIMEOUT_S = 240  # a loaded 2-core box imports torch + transformers twice in ~20 s; normally ~10 s
 
 
-def _launch_two(out: Path) -> subprocess.Popen:
+def _launch_two(out: Path, parallel: str) -> subprocess.Popen:
     """The documented launcher: ``accelerate launch`` with 2 processes (on a machine without GPUs
     accelerate runs them on CPU with the gloo backend)."""
-    return launch_two([str(HERE / "ddp_worker.py"), str(out)], HERE)
+    return launch_two([str(HERE / "ddp_worker.py"), str(out), parallel], HERE)
 
 
 def _wait(proc: subprocess.Popen) -> tuple[int, str]:
@@ -31,15 +31,16 @@ def _wait(proc: subprocess.Popen) -> tuple[int, str]:
     return code, output[-6000:]
 
 
-def test_two_processes_take_the_one_process_update(tmp_path):
-    launcher = _launch_two(tmp_path)  # the ranks start while this process computes the reference
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_take_the_one_process_update(tmp_path, parallel):
+    launcher = _launch_two(tmp_path, parallel)  # the ranks start while this process computes the reference
     torch.set_num_threads(1)
     caller, simulator, tok = tiny_models()
     start = {"caller": {k: v.clone() for k, v in caller.state_dict().items()},
              "simulator": {k: v.clone() for k, v in simulator.state_dict().items()}}
     trajs = make_trajectories(caller, len(tok))
-    ref_stats = update_for_mode(ModeSpec.for_mode("noshare"), make_updaters(caller, simulator),
-                                compute_advantages(trajs))
+    ref_updaters = make_updaters(caller, simulator)
+    ref_stats = update_for_mode(ModeSpec.for_mode("noshare"), ref_updaters, compute_advantages(trajs))
     ref = {"caller": caller.state_dict(), "simulator": simulator.state_dict()}
     code, output = _wait(launcher)
     assert code == 0, f"accelerate launch exited {code}:\n{output}"
@@ -58,6 +59,17 @@ def test_two_processes_take_the_one_process_update(tmp_path):
                                            rtol=1e-4, atol=1e-6, msg=f"{key} {name}")
         for name in ref[key]:
             assert torch.equal(ranks[0][key][name], ranks[1][key][name])  # the replicas agree exactly
+    # What rank 0 checkpoints of the AdamW state (under FSDP gathered from the shards, keyed by
+    # parameter name) is the 1-process state, parameter by parameter in the optimiser's order.
+    got_opt, want_opt = ranks[0]["optimizers"]["simulator"], ref_updaters["simulator"].optimizer.state_dict()
+    got_keys = [k for g in got_opt["param_groups"] for k in g["params"]]
+    want_keys = [k for g in want_opt["param_groups"] for k in g["params"]]
+    assert len(got_keys) == len(want_keys)
+    assert all(isinstance(k, str) for k in got_keys) == (parallel == "fsdp")  # names: gathered by FSDP
+    for g, w in zip(got_keys, want_keys):
+        for field in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(got_opt["state"][g][field], want_opt["state"][w][field], rtol=1e-4, atol=1e-9)
+        assert float(got_opt["state"][g]["step"]) == float(want_opt["state"][w]["step"]) == 2.0
 
     stats = ranks[0]["stats"]
     assert stats == ranks[1]["stats"]
@@ -105,6 +117,33 @@ def test_shards_seeds_and_stats_merge():
     assert merged["tokens"] == 40.0 and merged["samples/caller"] == 6.0
     assert merged["ratio_mean"] == pytest.approx(1.75) and merged["ratio_max"] == 1.5
     assert merged["micro_batches"] == 3.0 and merged["padding_frac"] == pytest.approx(0.3)
+
+
+def test_saved_optimizer_states_are_renamed_by_position_for_fsdp():
+    """A resume under FSDP takes both a gathered state (keyed by name) and a DDP / one-process one
+    (keyed by index): entries map to the optimiser's parameters by position."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    model[0].bias.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    plain = opt.state_dict()
+    names = ["0.weight", "1.weight", "1.bias"]
+    by_name = dist._keyed_by_name(plain, model, opt)
+    assert by_name["param_groups"][0]["params"] == names and list(by_name["state"]) == names
+    assert torch.equal(by_name["state"]["1.bias"]["exp_avg"], plain["state"][2]["exp_avg"])
+    assert dist._keyed_by_name(by_name, model, opt) == by_name
+    other = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="3 parameters, the model 2"):
+        dist._keyed_by_name(plain, other, torch.optim.SGD(other.parameters(), lr=1))
+
+
+def test_accelerate_sharded_engines_are_refused_with_a_pointer_to_parallel_fsdp():
+    for kind in ("FSDP", "DEEPSPEED"):
+        with pytest.raises(ValueError, match="parallel: fsdp") as err:
+            dist.require_replicated(SimpleNamespace(distributed_type=kind))
+        assert "DeepSpeed is not supported" in str(err.value)
+    dist.require_replicated(SimpleNamespace(distributed_type="MULTI_CPU"))  # DDP, and parallel: fsdp on top of it
 
 
 def test_unprepared_updaters_are_refused_on_several_processes():

@@ -1,7 +1,8 @@
 """`envace train` on 2 CPU processes (gloo), launched the way a user launches it:
 ``accelerate launch --num_processes 2 -m envace.cli.main train --config ...``.
 
-One run of 1 step, then ``--resume`` to step 2, both on 2 processes. Checked:
+One run of 1 step, then ``--resume`` to step 2, both on 2 processes, with DDP and with FSDP
+(``--set parallel=fsdp``: sharded training, a whole-weight replica per rank for rollouts). Checked:
 
 * the run directory is complete and written once (one directory, one row per step, every rank's
   trajectories gathered, checkpoints, evals, report);
@@ -9,7 +10,8 @@ One run of 1 step, then ``--resume`` to step 2, both on 2 processes. Checked:
   run's step-1 trajectories, read back from its trajectories.jsonl): same weights after the step,
   same loss and gradient norm;
 * the resumed run continues from the checkpoint on both ranks (the job itself checks, at every
-  checkpoint, that the ranks' weights are equal) and writes step 2 once.
+  checkpoint, that the ranks' weights are equal) and writes step 2 once;
+* the checkpoint loads as a model (``envace eval --model <checkpoint>``).
 
 The tasks are real shop tasks (real SQLite worlds for the evals) whose checklist asks the final
 answer to contain common letters: the tiny random model then earns rewards that differ within a
@@ -35,6 +37,7 @@ from envace.experiments.config import parse_config
 from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
 from envace.experiments.train_job import CKPT_DIR, prepare, rl_tasks, step_tasks, train_tasks
+from envace.policy.loading import load_model
 from envace.train.advantages import advantage_stats, compute_advantages
 from envace.train.step import update_for_mode
 
@@ -102,11 +105,12 @@ def _as_run(src: Path, dst: Path, checkpoints: bool) -> Path:
     return dst
 
 
-def test_train_on_two_processes_matches_one_and_resumes(tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_train_on_two_processes_matches_one_and_resumes(tmp_path, parallel):
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     cfg_path = _config(tmp_path)
-    out1 = _wait(_launch(tmp_path, "--config", str(cfg_path)))
+    out1 = _wait(_launch(tmp_path, "--config", str(cfg_path), "--set", f"parallel={parallel}"))
     t_first = time.perf_counter() - t0
 
     # ---- the run directory: complete, written once
@@ -119,6 +123,10 @@ def test_train_on_two_processes_matches_one_and_resumes(tmp_path):
         assert (run.path / name).exists(), name
     assert [r for r in _rows(run) if r[0] != "sft"] == [("eval", 0), ("train", 1), ("eval", 1)]
     cfg = parse_config(run.config())
+    assert cfg.parallel == parallel  # kept in the run's config: --resume trains the same way
+    saved_opt = torch.load(run.path / CKPT_DIR / "step-00000001" / "optimizer-policy.pt", weights_only=True)
+    # FSDP saves the full state gathered from the shards (keyed by parameter name), DDP rank 0's optimiser's own.
+    assert isinstance(saved_opt["param_groups"][0]["params"][0], str) == (parallel == "fsdp")
     want_tasks = [t.id for t in step_tasks(rl_tasks(cfg, train_tasks(cfg)), cfg, 1)]
     trajs = _step_trajectories(run.path, 1)  # both ranks' trajectories, in the step's task order
     assert [(t.task_id, t.trajectory_index) for t in trajs] == [(t, g) for t in want_tasks for g in range(G)]
@@ -144,9 +152,12 @@ def test_train_on_two_processes_matches_one_and_resumes(tmp_path):
                                 content_free_ids={tok.eos_token_id}, format_bonus=cfg.grpo.sim_format_reward)
     ref_stats = update_for_mode(one.models.spec, one.updaters, scored)
     want = _trainable(one.models.trained["policy"])
-    two = prepare(cfg, ref_step1, quiet)  # loads the 2-process run's step-1 checkpoint
+    two = prepare(cfg, ref_step1, quiet)  # loads the 2-process run's step-1 checkpoint (weights and optimiser)
     assert two.start_step == 1
     got = _trainable(two.models.trained["policy"])
+    loaded, _ = load_model(str(ref_step1 / CKPT_DIR / "step-00000001" / "policy"))  # what `envace eval --model` loads
+    adapter = dict(loaded.named_parameters())
+    assert all(torch.equal(adapter[k], v) for k, v in got.items())
 
     assert got.keys() == want.keys() and len(got) > 0
     moved = max((want[k] - start[k]).abs().max().item() for k in want)
@@ -162,7 +173,7 @@ def test_train_on_two_processes_matches_one_and_resumes(tmp_path):
     for k, v in advantage_stats(scored).items():
         assert row1[k] == pytest.approx(v, abs=1e-12), k
     grad_rel = abs(row1["policy/grad_norm"] - ref_stats["policy/grad_norm"]) / ref_stats["policy/grad_norm"]
-    print(f"\n2 vs 1 process, step 1: max |update difference| {gap:.2e} (largest update {moved:.2e}); "
+    print(f"\n{parallel}: 2 vs 1 process, step 1: max |update difference| {gap:.2e} (largest update {moved:.2e}); "
           f"grad norm {row1['policy/grad_norm']:.6g} vs {ref_stats['policy/grad_norm']:.6g} (rel {grad_rel:.1e}); "
           f"loss {row1['policy/loss']:.6g} vs {ref_stats['policy/loss']:.6g}")
 
@@ -177,5 +188,8 @@ def test_train_on_two_processes_matches_one_and_resumes(tmp_path):
         [t.id for t in step_tasks(rl_tasks(cfg, train_tasks(cfg)), cfg, 2) for _ in range(G)]
     assert len(_step_trajectories(run.path, 1)) == TASKS_PER_STEP * G  # not written again
     assert (run.path / CKPT_DIR / "step-00000002" / "trainer_state.json").exists()
+    # The optimiser state was restored, not restarted: AdamW has counted both steps.
+    saved2 = torch.load(run.path / CKPT_DIR / "step-00000002" / "optimizer-policy.pt", weights_only=True)
+    assert saved2["state"] and all(float(v["step"]) == 2.0 for v in saved2["state"].values())
     assert len(list((tmp_path / "runs").iterdir())) == 1
     print(f"first launch (1 step) {t_first:.0f} s, resumed launch (step 2) + reference {t_resume:.0f} s")

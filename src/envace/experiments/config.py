@@ -136,6 +136,12 @@ class TrainConfig(_Section):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$",
                         description="torch device of a one-process run: auto (cuda when available, else cpu), "
                         "cpu, cuda, cuda:1, mps; under accelerate launch each rank takes its own")
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="how several processes (accelerate launch) train: ddp: every rank holds the whole "
+        "model and optimiser state and gradients are all-reduced; fsdp: the trained model's weights, gradients "
+        "and optimiser state are sharded over the ranks (torch FSDP2, per decoder layer) and each rank keeps a "
+        "whole-weight copy for rollouts and evals, refreshed after every step (docs/scaling.md). One process: "
+        "ignored")
 
     @model_validator(mode="after")
     def _vocab_needs_scratch_model(self) -> TrainConfig:

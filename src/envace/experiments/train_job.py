@@ -33,7 +33,8 @@ from envace.policy.loading import scratch_llama, smollm2_tokenizer
 from envace.policy.transformers_backend import TransformersBackend
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import RealSource
-from envace.train.checkpoint import find_latest, load_checkpoint, resolve_checkpoint, save_checkpoint
+from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
+                                     save_checkpoint)
 from envace.train.copy_warmup import copy_warmup, data_vocabulary
 from envace.train.sft import oracle_sft_samples, run_sft
 from envace.train import distributed as dist
@@ -224,16 +225,23 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
     ref = {k: start_model for k in models.trained} if cfg.grpo.kl_coef > 0 else None
     updaters = updaters_for_mode(models.spec, models.trained, _updater_config(cfg, tok), ref_models=ref)
     start_step = 0
+    # FSDP rebuilds the optimisers over the shards: their saved state is loaded after sharding.
+    fsdp = cfg.parallel == "fsdp" and accelerator is not None
+    optimizer_states = None
     if resume is not None:
         latest = find_latest(run.path / CKPT_DIR)
         if latest is not None:
-            loaded = load_checkpoint(latest, models.trained, {k: u.optimizer for k, u in updaters.items()})
+            loaded = load_checkpoint(latest, models.trained,
+                                     None if fsdp else {k: u.optimizer for k, u in updaters.items()})
             start_step = loaded.step
+            if fsdp:
+                optimizer_states = {k: read_optimizer_state(latest, k) for k in updaters}
             if main:
                 _truncate_logs(run, start_step)
         log(f"resuming {run.path} after step {start_step}")
-    # After the checkpoint is loaded on every rank: DDP wraps the models (unchanged in one process).
-    updaters = dist.prepare_updaters(accelerator, updaters)
+    # After the checkpoint is loaded on every rank: DDP wraps the models, or FSDP shards copies of
+    # them (models.trained stay whole: the rollout replicas); unchanged in one process.
+    updaters = dist.prepare_updaters(accelerator, updaters, cfg.parallel, optimizer_states)
     return TrainState(run=run, models=models, updaters=updaters, start_step=start_step, start_model=start_model,
                       accelerator=accelerator)
 
@@ -351,11 +359,13 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         row.update(dist.global_advantage_stats(acc, scored))
         row.update(ustats)
         checkpoint = step % cfg.checkpoint.every == 0 or step == cfg.steps
+        # Every rank: under FSDP gathering the optimiser state is a collective.
+        optimizers = dist.optimizers_of(st.updaters) if checkpoint else None
         if main:
             run.add_trajectories(_tag(trajs, step, "train"))
             metrics_log.log(row)
             if checkpoint:
-                save_checkpoint(run.path / CKPT_DIR, models.trained, dist.optimizers_of(st.updaters), step=step,
+                save_checkpoint(run.path / CKPT_DIR, models.trained, optimizers, step=step,
                                 keep_last=cfg.checkpoint.keep_last, tokenizer=tok)
         if checkpoint and not dist.replicas_agree(acc, models.trained):
             raise RuntimeError(f"step {step}: the ranks' weights differ (a rank started from other weights or "

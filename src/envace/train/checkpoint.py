@@ -39,6 +39,8 @@ _STEP_RE = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 
 ModelArg = nn.Module | Mapping[str, nn.Module]
 OptimArg = torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer] | None
+# save_checkpoint also takes, per model key, an optimiser state dict already gathered (FSDP).
+SavedOptimArg = torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer | Mapping[str, Any]] | None
 
 
 @dataclass
@@ -241,7 +243,7 @@ def find_latest(root: str | os.PathLike[str]) -> Path | None:
 def save_checkpoint(
     root: str | os.PathLike[str],
     model: ModelArg,
-    optimizer: OptimArg = None,
+    optimizer: SavedOptimArg = None,
     step: int = 0,
     rng_state: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
@@ -252,7 +254,8 @@ def save_checkpoint(
     """Write ``<root>/step-<step>`` atomically, point ``latest`` at it, keep the newest
     ``keep_last`` checkpoints (None or 0: keep all). ``rng_state`` defaults to the current
     global RNG state (``capture_rng_state()``); ``extra`` must be JSON-serialisable.
-    Returns the checkpoint path."""
+    ``optimizer`` may map a model key to a state dict instead of an optimiser (a state gathered
+    from shards). Returns the checkpoint path."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     state_json = json.dumps(
@@ -269,7 +272,7 @@ def save_checkpoint(
             if tokenizer is not None:  # beside each model: each model dir loads on its own
                 tokenizer.save_pretrained(tmp / key if key else tmp)
         for key, opt in _as_mapping(optimizer).items():
-            torch.save(opt.state_dict(), tmp / _optimizer_file(key))
+            torch.save(dict(opt) if isinstance(opt, Mapping) else opt.state_dict(), tmp / _optimizer_file(key))
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
         torch.save(dict(rng_state) if rng_state is not None else capture_rng_state(), tmp / RNG_FILE)
@@ -322,13 +325,20 @@ def load_checkpoint(
             raise ValueError(f"checkpoint {path} has models {saved_models}, not {key!r}")
         _load_model(m, path / key if key else path)
     for key, opt in _as_mapping(optimizer).items():
-        opt.load_state_dict(torch.load(path / _optimizer_file(key), map_location=map_location, weights_only=True))
+        opt.load_state_dict(read_optimizer_state(path, key, map_location))
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, map_location=map_location, weights_only=True))
     rng_state = torch.load(path / RNG_FILE, weights_only=True) if (path / RNG_FILE).exists() else None
     if restore_rng and rng_state is not None:
         restore_rng_state(rng_state)
     return LoadedCheckpoint(path=path, step=int(state["step"]), extra=state.get("extra", {}), rng_state=rng_state)
+
+
+def read_optimizer_state(path: str | os.PathLike[str], key: str = "",
+                         map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The optimiser state dict saved in checkpoint ``path`` for model ``key`` ("" for a single
+    model), for a caller that loads it itself (into a sharded optimiser)."""
+    return torch.load(resolve_checkpoint(path) / _optimizer_file(key), map_location=map_location, weights_only=True)
 
 
 def _remove_stale_temps(root: Path) -> None:

@@ -1,6 +1,7 @@
-"""Multi-process role-wise GRPO through accelerate: DDP by default, FSDP or DeepSpeed by the
-user's accelerate config. No home-made distributed code: processes, the process group, gradient
-all-reduce (DDP) or reduce-scatter (FSDP/ZeRO) all belong to accelerate and torch.distributed.
+"""Multi-process role-wise GRPO: DDP through accelerate by default, or FSDP (``parallel="fsdp"``,
+torch's FSDP2 ``fully_shard``; accelerate still launches the processes and owns the process
+group). No home-made distributed code: processes, the process group, gradient all-reduce (DDP)
+or reduce-scatter (FSDP) all belong to accelerate and torch.distributed.
 
 What each step does on N processes (launched by ``accelerate launch``):
 
@@ -18,8 +19,13 @@ What each step does on N processes (launched by ``accelerate launch``):
    averages gradients, so the synchronised gradient equals the single-process full-batch
    gradient. Ranks hold different numbers of micro-batches; every rank runs the same number of
    forward/backward passes (the short ones add zero-weighted passes), as DDP and FSDP need.
-   Gradients are synchronised once per step (``no_sync`` on the others under DDP), clipped by
-   accelerate, and the optimiser steps on every rank.
+   Gradients are synchronised once per step (``no_sync`` on the others under DDP,
+   ``set_requires_gradient_sync`` under FSDP), clipped by accelerate, and the optimiser steps on
+   every rank.
+4. **Under FSDP, rollouts use a replica.** Ranks generate different tasks with different lengths,
+   which a sharded model cannot do (its forwards all-gather in lockstep), so each rank keeps the
+   original, whole-weight model for rollouts, evals and checkpoints, and trains a sharded copy;
+   after every update the replica's trained weights are refreshed from the shards.
 
 The one-process path (no accelerator, or a single process) is exactly
 :func:`~envace.train.step.update_for_mode`.
@@ -28,7 +34,9 @@ The one-process path (no accelerator, or a single process) is exactly
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import inspect
 import math
 import os
 import warnings
@@ -118,18 +126,21 @@ def is_main_process(accelerator: Any | None) -> bool:
 
 @dataclass
 class DistributedUpdater:
-    """A GRPOUpdater whose model and optimiser went through ``accelerator.prepare``.
+    """A GRPOUpdater whose model and optimiser went through ``accelerator.prepare`` (DDP) or
+    ``fully_shard`` (FSDP).
 
-    ``updater`` keeps the configuration and the *unwrapped* model (what rollouts generate with
-    under DDP, and what checkpoints save); ``model`` is what accelerate returned (the DDP / FSDP
-    / DeepSpeed wrapper); ``scorer`` is the module the loss runs (see :func:`prepare_updaters`);
-    ``optimizer`` is accelerate's wrapper of the updater's own torch optimiser.
+    ``updater`` keeps the configuration and, under DDP, the *unwrapped* model (what rollouts
+    generate with, and what checkpoints save); ``model`` is the DDP wrapper or the sharded model;
+    ``scorer`` is the module the loss runs (see :func:`prepare_updaters`); ``optimizer`` is
+    accelerate's wrapper of the updater's own torch optimiser (DDP) or the optimiser over the
+    shards (FSDP). ``replica`` (FSDP only) is the whole-weight model rollouts use.
     """
 
     updater: GRPOUpdater
     model: nn.Module
     optimizer: Any
     scorer: nn.Module
+    replica: nn.Module | None = None
 
     @property
     def config(self):  # noqa: ANN201 - UpdaterConfig
@@ -203,7 +214,9 @@ class _DDPDecoder:
 
 class _ForwardOnly(nn.Module):
     """What grpo_loss sees under FSDP / DeepSpeed: only the wrapper's own forward (full logits
-    of the score window), which is where those engines gather and release their shards."""
+    of the score window), which is where those engines gather and release their shards. It has
+    no decoder, so the loss never runs a shared prompt prefix separately: one forward per
+    micro-batch on every rank, as the shards' all-gathers need."""
 
     def __init__(self, wrapped: nn.Module) -> None:
         super().__init__()
@@ -216,11 +229,14 @@ class _ForwardOnly(nn.Module):
 _SHARDED = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")
 
 
-def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater]
+def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater], parallel: str = "ddp",
+                     optimizer_states: Mapping[str, Mapping[str, Any]] | None = None,
                      ) -> dict[str, GRPOUpdater] | dict[str, DistributedUpdater]:
     """Wrap each updater's model and optimiser with ``accelerator.prepare`` (one pair per call,
-    as FSDP needs). Without an accelerator (single process) the updaters come back unchanged.
-    Call once, after checkpoints were loaded into the models and optimisers.
+    as FSDP needs), or shard them (``parallel="fsdp"``, see :func:`_fully_shard`). Without an
+    accelerator (single process) the updaters come back unchanged. Call once, after checkpoints
+    were loaded into the models and optimisers; under FSDP the optimisers are rebuilt over the
+    shards, and ``optimizer_states`` (saved full state dicts, by updater key) are loaded into them.
 
     Under DDP (and a single accelerate process) the decoder is what gets wrapped, so the loss
     keeps scoring only generated positions with the vocabulary head; under FSDP / DeepSpeed the
@@ -228,6 +244,11 @@ def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater
     """
     if accelerator is None:
         return dict(updaters)
+    if parallel == "fsdp":
+        states = optimizer_states or {}
+        return {key: _fully_shard(accelerator, up, states.get(key)) for key, up in updaters.items()}
+    if parallel != "ddp":
+        raise ValueError(f"parallel must be 'ddp' or 'fsdp', not {parallel!r}")
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
     out: dict[str, DistributedUpdater] = {}
     for key, up in updaters.items():
@@ -243,10 +264,90 @@ def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater
     return out
 
 
+def _fully_shard(accelerator: Any, up: GRPOUpdater, optimizer_state: Mapping[str, Any] | None) -> DistributedUpdater:
+    """FSDP2 on a deep copy of the updater's model: each decoder layer is one shard group (its
+    weights are gathered for its forward and backward only), the root holds the rest (embeddings,
+    head, final norm). The original model stays whole on every rank as the rollout replica. The
+    optimiser is rebuilt over the sharded parameters with the same class and hyper-parameters."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if up.scheduler is not None:
+        raise ValueError("parallel: fsdp rebuilds the optimiser over the shards; an LR scheduler is not supported")
+    if len(up.optimizer.param_groups) != 1:
+        raise ValueError("parallel: fsdp rebuilds the optimiser over the shards; it needs one parameter group")
+    precision = str(getattr(accelerator, "mixed_precision", "no") or "no")
+    if precision not in ("no", "bf16"):
+        raise ValueError(f"parallel: fsdp supports mixed_precision 'no' or 'bf16', not {precision!r}")
+    # bf16 compute, fp32 master weights and gradient reduction (what accelerate's bf16 means under DDP).
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" \
+        else MixedPrecisionPolicy()
+    mesh = init_device_mesh(torch.device(accelerator.device).type, (num_processes(accelerator),))
+    model = copy.deepcopy(up.model)
+    parts = decoder_and_head(model)
+    layers = getattr(parts[0], "layers", None) if parts is not None else None
+    for layer in layers or []:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    old = up.optimizer
+    accepted = inspect.signature(type(old)).parameters  # AdamW's defaults hold a key its constructor refuses
+    defaults = {k: v for k, v in old.param_groups[0].items() if k in accepted and k != "params"}
+    sharded = GRPOUpdater(model, up.config, ref_model=up.ref_model,
+                          optimizer=type(old)([p for p in model.parameters() if p.requires_grad], **defaults))
+    if optimizer_state is not None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, sharded.optimizer, _keyed_by_name(optimizer_state, model, sharded.optimizer),
+                                 options=StateDictOptions(full_state_dict=True))
+    return DistributedUpdater(updater=sharded, model=model, optimizer=sharded.optimizer, scorer=_ForwardOnly(model),
+                              replica=up.model)
+
+
+def _keyed_by_name(state: Mapping[str, Any], model: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """A saved optimiser state dict keyed by parameter name, as set_optimizer_state_dict needs.
+    Saved entries map to ``optimizer``'s parameters by position, as torch's own load_state_dict
+    maps them: so both a gathered FSDP state (keyed by name) and a DDP / one-process one (keyed
+    by index) load."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    mine = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    saved = [k for g in state["param_groups"] for k in g["params"]]
+    if len(saved) != len(mine):
+        raise ValueError(f"the saved optimiser state has {len(saved)} parameters, the model {len(mine)}")
+    rename = dict(zip(saved, mine))
+    return {"state": {rename[k]: v for k, v in state["state"].items()},
+            "param_groups": [{**g, "params": [rename[k] for k in g["params"]]} for g in state["param_groups"]]}
+
+
+@torch.no_grad()
+def refresh_replica(du: DistributedUpdater) -> None:
+    """Copy the sharded model's trained weights into the rollout replica (FSDP; no-op otherwise).
+    One all-gather per trainable parameter (a collective: every rank calls it, in the same
+    order), so the peak extra memory is one whole parameter; frozen weights (a LoRA model's
+    base) never change and are not gathered."""
+    if du.replica is None:
+        return
+    replica = dict(du.replica.named_parameters())
+    for name, p in du.model.named_parameters():
+        if p.requires_grad:
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            replica[name].copy_(full)
+
+
 def optimizers_of(updaters: Mapping[str, GRPOUpdater] | Mapping[str, DistributedUpdater]) -> dict[str, Any]:
-    """The torch optimisers (for checkpoints), prepared or not: accelerate's wrapper shares the
-    updater's optimiser and its state, so saving and loading go through the plain one."""
-    return {k: (u.updater.optimizer if isinstance(u, DistributedUpdater) else u.optimizer) for k, u in updaters.items()}
+    """What checkpoints save of the optimisers: the torch optimisers, prepared or not
+    (accelerate's wrapper shares the updater's optimiser and its state, so saving and loading go
+    through the plain one); under FSDP their full state dicts gathered from the shards, keyed by
+    parameter name: a collective (every rank calls it), whose result only rank 0 holds."""
+    out: dict[str, Any] = {}
+    for key, u in updaters.items():
+        if isinstance(u, DistributedUpdater) and u.replica is not None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            out[key] = get_optimizer_state_dict(u.model, u.optimizer,
+                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            out[key] = u.updater.optimizer if isinstance(u, DistributedUpdater) else u.optimizer
+    return out
 
 
 def barrier(accelerator: Any | None) -> None:
@@ -263,19 +364,19 @@ def end(accelerator: Any | None) -> None:
 
 
 def require_replicated(accelerator: Any | None) -> None:
-    """The training job generates its rollouts with each rank's own copy of the weights (the
-    transformers backend) and saves checkpoints from rank 0's copy: that needs whole weights on
-    every rank (DDP). Refuse FSDP and DeepSpeed with a clear message instead of a hang or a
-    checkpoint of one shard."""
+    """The training job generates its rollouts with each rank's own whole copy of the weights
+    (the transformers backend) and saves checkpoints from rank 0's copy; its FSDP keeps such a
+    copy beside the shards (``parallel: fsdp``). accelerate's own FSDP and DeepSpeed engines do
+    not: refuse them with a clear message instead of a hang or a checkpoint of one shard."""
     if accelerator is None:
         return
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
     if kind in _SHARDED:
         raise ValueError(
-            f"envace train runs with DDP (accelerate's MULTI_GPU / MULTI_CPU), not {kind}: its rollouts "
-            "generate with each rank's whole copy of the weights and rank 0 saves the checkpoints. "
-            "FSDP / DeepSpeed need the vLLM rollout engine and sharded checkpoints, which the training "
-            "job does not use yet (see docs/scaling.md)")
+            f"envace train does not run under accelerate's {kind} engine: launch it with a plain multi-process "
+            "accelerate config (MULTI_GPU / MULTI_CPU) and set `parallel: fsdp` in the training config for "
+            "sharded training (torch FSDP2, with a whole-weight copy per rank for rollouts). DeepSpeed is not "
+            "supported (see docs/scaling.md)")
 
 
 def broadcast_object(accelerator: Any | None, obj: T) -> T:
@@ -459,12 +560,15 @@ def distributed_compute_gradients(accelerator: Any, du: DistributedUpdater, scor
     parts: list[dict[str, float]] = []
     pad_role: Role = next((r for r in ROLES if cfg.role_weights()[r] != 0.0), "caller")
     ddp = _is_ddp(du.model)
+    fsdp = hasattr(du.model, "set_requires_gradient_sync")  # FSDP2's fully_shard
     try:
         for i in range(steps):
             real = i < len(micro)
             mb = micro[i] if real else [_padding_sample(cfg.pad_id, pad_role)]
             last = i == steps - 1
             _set_sync(accelerator, last)
+            if fsdp:  # accumulate unsharded gradients locally; reduce-scatter once, on the last
+                du.model.set_requires_gradient_sync(last)
             context = accelerator.no_sync(du.model) if (ddp and not last) else contextlib.nullcontext()
             with context:
                 loss, stats = grpo_loss(
@@ -477,6 +581,8 @@ def distributed_compute_gradients(accelerator: Any, du: DistributedUpdater, scor
                 parts.append(stats)
     finally:
         _set_sync(accelerator, True)
+        if fsdp:
+            du.model.set_requires_gradient_sync(True)
     out = merge_loss_stats(parts) if parts else {"loss": 0.0, "tokens": 0.0}
     out["micro_batches"] = float(len(micro))
     out["padding_frac"] = padding_fraction(micro)
@@ -498,12 +604,16 @@ def distributed_step(accelerator: Any, du: DistributedUpdater, scored: Sequence[
             break  # no rank has a sample to learn from: no step, as in the single process
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         norm = accelerator.clip_grad_norm_(list(du.model.parameters()), max_norm)
+        if hasattr(norm, "full_tensor"):  # FSDP: the norm of sharded gradients is a (replicated) DTensor
+            norm = norm.full_tensor()
         grad_norm = None if norm is None else float(norm)
         du.optimizer.step()
         if du.updater.scheduler is not None:
             du.updater.scheduler.step()
         du.optimizer.zero_grad(set_to_none=True)
         steps += 1
+    if steps:
+        refresh_replica(du)  # the next rollouts generate with the updated weights
     stats.pop("_micro_batches", None)
     merged = merge_rank_stats(gather_objects(accelerator, [stats]))
     if grad_norm is not None:
