@@ -218,8 +218,8 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
     if resume is not None or not main:
         policy, tok = run_policy(cfg, run.path / SFT_DIR)
         policy.to(_device(accelerator, cfg))
-    if (resume is not None or not main) and (run.path / SFT_DIR).exists():
-        load_checkpoint(run.path / SFT_DIR, policy, restore_rng=False)
+        if (run.path / SFT_DIR).exists():
+            load_checkpoint(run.path / SFT_DIR, policy, restore_rng=False)
     start_model = frozen_copy(policy)
     models = split_for_mode(policy, tok, cfg.mode)
     ref = {k: start_model for k in models.trained} if cfg.grpo.kl_coef > 0 else None

@@ -257,12 +257,12 @@ def _load_tiny(spec: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrain
         ) from None
     # Copies per call: callers train the model or change the tokenizer without touching others.
     model = copy.deepcopy(_tiny_prototype(seed))
-    tokenizer = copy.deepcopy(_smollm2_tokenizer())
+    tokenizer = smollm2_tokenizer()
     return _named((model.to(dtype).eval(), tokenizer), spec)
 
 
 def _load_scratch(spec: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = copy.deepcopy(_smollm2_tokenizer())
+    tokenizer = smollm2_tokenizer()
     return scratch_llama(spec, tokenizer, dtype), tokenizer
 
 
@@ -312,7 +312,7 @@ def _load_hf_dir(
         elif model.config.vocab_size == len(_smollm2_tokenizer()):
             # Checkpoints of models built on SmolLM2's tokenizer (smollm2, tiny, llama:) saved
             # before checkpoints carried their tokenizer.
-            tokenizer = copy.deepcopy(_smollm2_tokenizer())
+            tokenizer = smollm2_tokenizer()
         else:
             raise ModelSpecError(f"model directory {str(path)!r} holds no tokenizer (tokenizer_config.json) and "
                                  f"its vocabulary ({model.config.vocab_size}) is not SmolLM2's")
