@@ -191,3 +191,19 @@ def test_a_data_vocabulary_needs_a_scratch_model_and_the_warm_start(tmp_path):
         load_config(_cfg(tmp_path), ["sft.vocab=512"])  # model: tiny
     with pytest.raises(ConfigError, match="sft.vocab.*sft.enabled"):
         load_config(_cfg(tmp_path), ["model=llama:64x1", "sft.vocab=512", "sft.enabled=false"])
+
+
+def test_turns_cut_off_at_the_token_cap_are_counted_and_warned_about_once(tmp_path):
+    said = []
+    run = train(load_config(_cfg(tmp_path), ["steps=2", "out=" + str(tmp_path / "t")]), log=said.append)
+    rows = _train_rows(run)
+    trajs = [json.loads(line) for line in (run.path / "trajectories.jsonl").open()]
+    for step, row in rows.items():
+        samples = [s for t in trajs if t["step"] == step for s in t["samples"] if s["role"] == "caller"]
+        cut = sum(s["finish"] == "length" for s in samples)
+        # an untrained model rarely ends within 8 tokens: the cap cuts most turns
+        assert samples and row["truncated/caller"] == pytest.approx(cut / len(samples)) and cut > 0
+    evals = [r for r in run.metrics() if r["phase"] == "eval"]
+    assert evals and all(0 < r["eval/truncated/caller"] <= 1 for r in evals)
+    warnings = [s for s in said if isinstance(s, str) and s.startswith("warning:")]
+    assert sum("rollout.caller_max_new_tokens=8" in s for s in warnings) == 1  # once, not every step

@@ -7,7 +7,7 @@ from envace.core.prompts import PromptStyle
 from envace.envs.registry import world_names
 from envace.envs.tasks import load_tasks
 from envace.rollout.actors import ActorTurn, OracleActor, PolicyActor
-from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.engine import RolloutConfig, run_episodes, truncated_fractions
 from envace.rollout.sources import ModelSource, RealSource
 
 
@@ -94,6 +94,12 @@ def test_model_source_answers_calls_without_a_world(tiny_backend, record):
         # state items cannot be judged without a real world
         assert all(v.met is None for v in t.verdicts if v.item.kind == "state")
     assert (stats.simulator_tokens > 0) == record
+    sim = [s for t in trajs for s in t.samples if s.role == "simulator"]
+    if record:  # an untrained model rarely closes its JSON within 6 tokens
+        cut = sum(len(s.gen_ids) == 6 and s.finish == "length" for s in sim)
+        assert cut > 0 and truncated_fractions(trajs) == {"truncated/simulator": cut / len(sim)}
+    else:
+        assert truncated_fractions(trajs) == {}
 
 
 def test_context_limit_stops_the_episode(tiny_backend):

@@ -31,7 +31,7 @@ from envace.experiments.tasks import select_tasks
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
 from envace.policy.transformers_backend import TransformersBackend
-from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.engine import RolloutConfig, run_episodes, truncated_fractions
 from envace.rollout.sources import RealSource
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
@@ -112,7 +112,8 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
     return {"eval/success": sum(t.reward >= 1.0 for t in trajs) / n,
             "eval/reward": sum(t.reward for t in trajs) / n,
             "eval/tool_calls": sum(t.tool_calls for t in trajs) / n,
-            "eval/parse_failures": sum(t.parse_failures for t in trajs) / n}, trajs
+            "eval/parse_failures": sum(t.parse_failures for t in trajs) / n,
+            **{f"eval/{k}": v for k, v in truncated_fractions(trajs).items()}}, trajs
 
 
 def run_policy(cfg: TrainConfig, saved: Path | None = None) -> tuple[torch.nn.Module, Any]:
@@ -309,8 +310,11 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         log(f"{dist.num_processes(acc)} processes ({getattr(acc.distributed_type, 'value', acc.distributed_type)}): {cfg.tasks_per_step} tasks x "
             f"{cfg.group_size} trajectories per step, split by task")
 
+    warned: set[str] = set()
+
     def do_eval(step: int) -> dict[str, float]:
         metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc, bench)
+        warn_truncation(metrics, cfg, warned, log, prefix="eval/")
         if main:
             run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
             metrics_log.log({"phase": "eval", "step": step, **metrics})
@@ -356,6 +360,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                "gen_tokens_per_s": sum(r[0] for r in rolled),
                                "rollout_s": max(r[1] for r in rolled),
                                "update_s": t_total - t_roll, "step_s": t_total}
+        row.update(truncated_fractions(trajs))
+        warn_truncation(row, cfg, warned, log)
         row.update(dist.global_advantage_stats(acc, scored))
         row.update(ustats)
         checkpoint = step % cfg.checkpoint.every == 0 or step == cfg.steps
@@ -390,6 +396,21 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         write_train_report(run)
     dist.end(acc)  # every rank waits for rank 0's report, then the process group closes
     return run
+
+
+TRUNCATION_WARN = 0.05  # above this share of cut-off turns the cap, not the policy, decides episodes
+
+
+def warn_truncation(metrics: dict[str, float], cfg: TrainConfig, warned: set[str], log, prefix: str = "") -> None:
+    """Say once per role when many turns stop at ``rollout.<role>_max_new_tokens``."""
+    for role in ("caller", "simulator"):
+        frac = metrics.get(f"{prefix}truncated/{role}", 0.0)
+        if frac > TRUNCATION_WARN and role not in warned:
+            warned.add(role)
+            cap = getattr(cfg.rollout, f"{role}_max_new_tokens")
+            log(f"warning: {frac:.0%} of {role} turns{' in the eval' if prefix else ''} stopped at "
+                f"rollout.{role}_max_new_tokens={cap} without ending; a cut-off turn "
+                f"{'is not a parseable tool call' if role == 'caller' else 'is not JSON'}: raise the cap")
 
 
 def _silent(*_: Any, **__: Any) -> None:

@@ -169,3 +169,16 @@ def run_episodes(
     stats.episodes = len(episodes)
     stats.wall_seconds = time.perf_counter() - wall0
     return trajectories, stats
+
+
+def truncated_fractions(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Per role, the fraction of generated turns that stopped at the token cap instead of ending
+    (``finish == "length"``): a cut-off tool call does not parse and a cut-off rehearsed response
+    is not JSON, so a high fraction means the cap, not the model, is failing the episodes."""
+    counts: dict[str, list[int]] = {}
+    for traj in trajectories:
+        for s in traj.samples:
+            c = counts.setdefault(s.role, [0, 0])
+            c[0] += s.finish == "length"
+            c[1] += 1
+    return {f"truncated/{role}": cut / n for role, (cut, n) in sorted(counts.items())}

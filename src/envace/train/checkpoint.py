@@ -22,6 +22,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,26 @@ def _is_peft(model: nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
+@contextmanager
+def _no_shard_bar():
+    """Hide transformers' "Writing model shards" bar: with a checkpoint every step it floods the
+    training log (one bar per save) under the run's own progress bar."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def _save_model(model: nn.Module, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "save_pretrained"):  # HF model, or peft (which saves just the adapter)
-        model.save_pretrained(directory, safe_serialization=True)
+        with _no_shard_bar():
+            model.save_pretrained(directory, safe_serialization=True)
     else:
         from safetensors.torch import save_model
 
