@@ -10,7 +10,7 @@ from envace.core.prompts import PromptStyle
 from envace.envs import load_tasks
 from envace.policy.loading import load_model
 from envace.train.batching import merge_turns
-from envace.train.sft import oracle_sft_samples, sft_loss
+from envace.train.sft import oracle_sft_samples, sft_loss, target_turn_lengths
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +43,14 @@ def test_merge_refuses_turns_that_do_not_extend_each_other(tiny):
     broken = [turns[0], turns[1].model_copy(update={"prompt_ids": [7] + turns[1].prompt_ids[1:]})]
     assert merge_turns(broken) is None
     assert merge_turns([]) is None
+
+
+def test_turn_lengths_of_merged_samples_are_the_lengths_of_their_turns(tiny):
+    _, tok = tiny
+    tasks = load_tasks("bank", "train", limit=4)
+    per_turn = oracle_sft_samples(tasks, tok, PromptStyle(), merge_caller=False)
+    merged = oracle_sft_samples(tasks, tok, PromptStyle())
+    assert any(s.loss_mask is not None for s in merged)  # the merged samples hold several turns
+    want = {role: sorted(len(s.gen_ids) for s in per_turn if s.role == role) for role in ("caller", "simulator")}
+    got = {role: sorted(lengths) for role, lengths in target_turn_lengths(merged).items()}
+    assert got == want and all(want.values())

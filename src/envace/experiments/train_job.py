@@ -36,7 +36,7 @@ from envace.rollout.sources import RealSource
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
 from envace.train.copy_warmup import copy_warmup, data_vocabulary
-from envace.train.sft import oracle_sft_samples, run_sft
+from envace.train.sft import oracle_sft_samples, run_sft, target_turn_lengths
 from envace.train import distributed as dist
 from envace.train.step import UpdaterConfig, updaters_for_mode
 
@@ -44,6 +44,7 @@ SFT_DIR = "sft"
 CKPT_DIR = "checkpoints"
 # Collective timeout on several processes: the other ranks wait while rank 0 runs the warm start.
 DIST_TIMEOUT_S = 3 * 3600
+TRUNCATION_WARN = 0.05  # above this share of cut-off turns the cap, not the policy, decides episodes
 
 
 def prompt_style(cfg: TrainConfig) -> PromptStyle:
@@ -156,6 +157,12 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     tasks = sft_tasks(cfg, pool)
     samples = oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles,
                                  simulator_tasks=cfg.sft.simulator_trajectories)
+    for role, lengths in target_turn_lengths(samples).items():
+        cap = getattr(cfg.rollout, f"{role}_max_new_tokens")
+        over = sum(n > cap for n in lengths) / len(lengths)
+        if over > TRUNCATION_WARN:
+            log(f"warning: {over:.0%} of the oracle's {role} turns are longer than rollout.{role}_max_new_tokens="
+                f"{cap} (longest {max(lengths)} tokens): the policy cannot write them whole; raise the cap")
     t0 = time.perf_counter()
     if cfg.sft.copy_warmup_steps:
         vocab = data_vocabulary((s.prompt_ids + s.gen_ids for s in samples), limit=cfg.sft.copy_warmup_vocab)
@@ -396,9 +403,6 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         write_train_report(run)
     dist.end(acc)  # every rank waits for rank 0's report, then the process group closes
     return run
-
-
-TRUNCATION_WARN = 0.05  # above this share of cut-off turns the cap, not the policy, decides episodes
 
 
 def warn_truncation(metrics: dict[str, float], cfg: TrainConfig, warned: set[str], log, prefix: str = "") -> None:

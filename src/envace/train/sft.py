@@ -80,6 +80,22 @@ def oracle_sft_samples(tasks: Sequence[Task], tokenizer, style: PromptStyle,
                                  merge_caller)]
 
 
+def target_turn_lengths(samples: Sequence[TurnSample]) -> dict[str, list[int]]:
+    """Per role, the token length of every turn the samples teach (a merged caller sample holds
+    several: each run of loss-bearing tokens is one), i.e. what generation must fit."""
+    out: dict[str, list[int]] = {}
+    for s in samples:
+        mask = s.loss_mask if s.loss_mask is not None else [True] * len(s.gen_ids)
+        runs, n = out.setdefault(s.role, []), 0
+        for bit in [*mask, False]:
+            if bit:
+                n += 1
+            elif n:
+                runs.append(n)
+                n = 0
+    return out
+
+
 @dataclass
 class SFTStats:
     steps: int
