@@ -208,5 +208,5 @@ def test_turns_cut_off_at_the_token_cap_are_counted_and_warned_about_once(tmp_pa
     warnings = [s for s in said if isinstance(s, str) and s.startswith("warning:")]
     # before any rollout, from the warm start's oracle turns; then once from the rollouts, not every step
     oracle = [s for s in warnings if "of the oracle's caller turns are longer than rollout.caller_max_new_tokens=8" in s]
-    rollouts = [s for s in warnings if "of caller turns stopped at rollout.caller_max_new_tokens=8" in s]
+    rollouts = [s for s in warnings if "stopped at rollout.caller_max_new_tokens=8" in s]
     assert len(oracle) == 1 and len(rollouts) == 1
