@@ -148,6 +148,22 @@ def test_grpo_draws_from_train_tasks_the_warm_start_did_not_imitate(tmp_path):
     assert rl_tasks(everything, pool) == pool  # nothing left over: fall back to all of them
 
 
+def test_rl_pool_keeps_grpo_on_the_same_few_tasks(tmp_path):
+    from envace.experiments.train_job import rl_tasks, train_tasks
+
+    cfg = load_config(_cfg(tmp_path), ["steps=3", "rl_pool=3", "eval.tasks=1", "out=" + str(tmp_path / "p")])
+    run = train(cfg, log=lambda *_: None)
+    trajs = [json.loads(line) for line in (run.path / "trajectories.jsonl").open()]
+    by_step = {}
+    for t in trajs:
+        if t["kind"] == "train":
+            by_step.setdefault(t["step"], set()).add(t["task_id"])
+    used = set().union(*by_step.values())
+    fresh = {t.id for t in rl_tasks(cfg, train_tasks(cfg))}
+    assert sorted(by_step) == [1, 2, 3] and all(len(ids) == 2 for ids in by_step.values())
+    assert len(used) <= 3 < len(fresh) and used <= fresh  # 6 draws from the same 3 fresh tasks
+
+
 def test_a_data_vocabulary_run_trains_resumes_warm_starts_others_and_its_checkpoint_evaluates(tmp_path):
     """``sft.vocab``: a from-scratch model gets a tokenizer trained on the warm start's text; the
     tokenizer travels with the warm start and every checkpoint, so resume, ``sft.init_from`` and

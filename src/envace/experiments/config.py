@@ -118,6 +118,8 @@ class TrainConfig(_Section):
     source: Literal["rehearsal", "real", "simulator"] = "rehearsal"
     rl_fresh_tasks: bool = Field(True, description="GRPO draws from train tasks the SFT warm start did not use "
                                  "(all of them when it used every one)")
+    rl_pool: int | None = Field(None, ge=1, description="GRPO draws from only N tasks of its pool, seeded, so each "
+                                "comes back every few steps: shows whether RL can fit tasks it sees again")
     mode: Literal["share", "noshare", "caller_only", "frozen_caller"] = "share"
     steps: int = Field(20, ge=0)
     tasks_per_step: int = Field(4, ge=1)

@@ -305,6 +305,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         pool, held_out = bench.train, bench.test[:cfg.eval.tasks]
     else:
         pool, held_out = rl_tasks(cfg, train_tasks(cfg)), eval_tasks(cfg)
+    if cfg.rl_pool is not None:
+        pool = random.Random(cfg.seed).sample(pool, min(cfg.rl_pool, len(pool)))
     gen = generation_settings(cfg)
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
     device = _device(acc, cfg)
