@@ -148,20 +148,25 @@ def test_grpo_draws_from_train_tasks_the_warm_start_did_not_imitate(tmp_path):
     assert rl_tasks(everything, pool) == pool  # nothing left over: fall back to all of them
 
 
-def test_rl_pool_keeps_grpo_on_the_same_few_tasks(tmp_path):
+def test_rl_pool_keeps_grpo_on_the_same_few_tasks_and_the_eval_can_run_on_them(tmp_path):
     from envace.experiments.train_job import rl_tasks, train_tasks
 
-    cfg = load_config(_cfg(tmp_path), ["steps=3", "rl_pool=3", "eval.tasks=1", "out=" + str(tmp_path / "p")])
+    cfg = load_config(_cfg(tmp_path), ["steps=3", "rl_pool=3", "eval.split=pool", "eval.tasks=5",
+                                       "out=" + str(tmp_path / "p")])
     run = train(cfg, log=lambda *_: None)
     trajs = [json.loads(line) for line in (run.path / "trajectories.jsonl").open()]
     by_step = {}
     for t in trajs:
-        if t["kind"] == "train":
-            by_step.setdefault(t["step"], set()).add(t["task_id"])
+        by_step.setdefault(t["step"], set()).add(t["task_id"])
     used = set().union(*by_step.values())
     fresh = {t.id for t in rl_tasks(cfg, train_tasks(cfg))}
     assert sorted(by_step) == [1, 2, 3] and all(len(ids) == 2 for ids in by_step.values())
     assert len(used) <= 3 < len(fresh) and used <= fresh  # 6 draws from the same 3 fresh tasks
+    # eval.split=pool: the real-world eval runs on those 3 tasks (all of them: fewer than eval.tasks)
+    evals = [json.loads(line) for line in (run.path / "evals.jsonl").open()]
+    for step in (0, 3):
+        ids = {t["task_id"] for t in evals if t["step"] == step}
+        assert len(ids) == 3 and used <= ids <= fresh
 
 
 def test_a_data_vocabulary_run_trains_resumes_warm_starts_others_and_its_checkpoint_evaluates(tmp_path):

@@ -82,7 +82,9 @@ class SFTConfig(_Section):
 class EvalConfig(_Section):
     every: int = Field(5, ge=0, description="steps between real-world evaluations (0: only at start and end)")
     tasks: int = Field(24, ge=1)
-    split: Literal["train", "test"] = "test"
+    split: Literal["train", "test", "pool"] = Field(
+        "test", description="test: held-out tasks; pool: the first `tasks` of the tasks GRPO trains on (with "
+        "rl_pool: all of them), i.e. whether training with imagined responses carries over to the real worlds")
     temperature: float = Field(0.0, ge=0)
 
 

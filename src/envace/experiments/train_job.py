@@ -304,9 +304,12 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if bench is not None:
         pool, held_out = bench.train, bench.test[:cfg.eval.tasks]
     else:
-        pool, held_out = rl_tasks(cfg, train_tasks(cfg)), eval_tasks(cfg)
+        pool = rl_tasks(cfg, train_tasks(cfg))
+        held_out = eval_tasks(cfg) if cfg.eval.split != "pool" else []
     if cfg.rl_pool is not None:
         pool = random.Random(cfg.seed).sample(pool, min(cfg.rl_pool, len(pool)))
+    if cfg.eval.split == "pool":
+        held_out = pool[:cfg.eval.tasks]
     gen = generation_settings(cfg)
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
     device = _device(acc, cfg)
