@@ -227,7 +227,8 @@ def test_turns_cut_off_at_the_token_cap_are_counted_and_warned_about_once(tmp_pa
     evals = [r for r in run.metrics() if r["phase"] == "eval"]
     assert evals and all(0 < r["eval/truncated/caller"] <= 1 for r in evals)
     warnings = [s for s in said if isinstance(s, str) and s.startswith("warning:")]
-    # before any rollout, from the warm start's oracle turns; then once from the rollouts, not every step
+    # before any rollout, from the warm start's oracle turns; then from the rollouts, not every step
     oracle = [s for s in warnings if "of the oracle's caller turns are longer than rollout.caller_max_new_tokens=8" in s]
     rollouts = [s for s in warnings if "stopped at rollout.caller_max_new_tokens=8" in s]
-    assert len(oracle) == 1 and len(rollouts) == 1
+    assert len(oracle) == 1 and len(rollouts) == 2  # the training rollouts and the eval, once each
+    assert sum("caller turns in the eval stopped" in s for s in rollouts) == 1

@@ -171,14 +171,19 @@ def run_episodes(
     return trajectories, stats
 
 
-def truncated_fractions(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Per role, the fraction of generated turns that stopped at the token cap instead of ending
-    (``finish == "length"``): a cut-off tool call does not parse and a cut-off rehearsed response
-    is not JSON, so a high fraction means the cap, not the model, is failing the episodes."""
+def truncation_counts(trajectories: list[Trajectory]) -> dict[str, tuple[int, int]]:
+    """Per role, (turns that stopped at the token cap instead of ending, all turns): a cut-off tool
+    call does not parse and a cut-off rehearsed response is not JSON, so a high share means the
+    cap, not the model, is failing the episodes."""
     counts: dict[str, list[int]] = {}
     for traj in trajectories:
         for s in traj.samples:
             c = counts.setdefault(s.role, [0, 0])
             c[0] += s.finish == "length"
             c[1] += 1
-    return {f"truncated/{role}": cut / n for role, (cut, n) in sorted(counts.items())}
+    return {role: (cut, n) for role, (cut, n) in sorted(counts.items())}
+
+
+def truncated_fractions(trajectories: list[Trajectory]) -> dict[str, float]:
+    """``truncated/<role>``: the share of the role's turns cut off at the cap."""
+    return {f"truncated/{role}": cut / n for role, (cut, n) in truncation_counts(trajectories).items()}
