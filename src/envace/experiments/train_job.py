@@ -303,15 +303,13 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     run, models = st.run, st.models
     metrics_log = MetricsLog(run, resume_step=st.start_step if resume is not None else None) if main else None
     tok = models.tokenizer
-    if bench is not None:
-        pool, held_out = bench.train, bench.test[:cfg.eval.tasks]
-    else:
-        pool = rl_tasks(cfg, train_tasks(cfg))
-        held_out = eval_tasks(cfg) if cfg.eval.split != "pool" else []
+    pool = bench.train if bench is not None else rl_tasks(cfg, train_tasks(cfg))
     if cfg.rl_pool is not None:
         pool = random.Random(cfg.seed).sample(pool, min(cfg.rl_pool, len(pool)))
     if cfg.eval.split == "pool":
         held_out = pool[:cfg.eval.tasks]
+    else:
+        held_out = bench.test[:cfg.eval.tasks] if bench is not None else eval_tasks(cfg)
     gen = generation_settings(cfg)
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
     device = _device(acc, cfg)
