@@ -235,3 +235,22 @@ def test_turns_cut_off_at_the_token_cap_are_counted_and_warned_about_once(tmp_pa
     rollouts = [s for s in warnings if "stopped at rollout.caller_max_new_tokens=8" in s]
     assert len(oracle) == 1 and len(rollouts) == 2  # the training rollouts and the eval, once each
     assert sum("caller turns in the eval stopped" in s for s in rollouts) == 1
+
+
+def test_the_simulator_role_can_sample_at_its_own_temperature(tmp_path):
+    """rollout.simulator_temperature reaches the rehearsing source and the GRPO scorer; the
+    caller keeps rollout.temperature; left unset, both roles share it."""
+    from envace.experiments.factory import make_actor, make_source
+    from envace.experiments.train_job import _updater_config, generation_settings
+
+    cfg = load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "temperature": 0.7, "simulator_temperature": 0.0}))
+    gen = generation_settings(cfg)
+    assert make_actor(object(), gen, seed=0).temperature == 0.7
+    assert make_source("rehearsal", object(), gen, seed=0).temperature == 0.0
+    assert make_source("simulator", object(), gen, seed=0, simulator=object()).temperature == 0.0
+    assert _updater_config(cfg, type("T", (), {"pad_token_id": 0})()).role_temperatures() == {
+        "caller": 0.7, "simulator": 1.0}
+    shared = load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "temperature": 0.7}))
+    assert make_source("rehearsal", object(), generation_settings(shared), seed=0).temperature == 0.7
+    with pytest.raises(ConfigError, match=r"field 'rollout.simulator_temperature'"):
+        load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "simulator_temperature": -1}))

@@ -182,3 +182,35 @@ def test_sampler_helper_consistency(tiny_model):
     # Guard for the helper itself: an unpadded single-row forward.
     lp = sampler_logprobs(tiny_model, [1, 2, 3], [4])
     assert len(lp) == 1 and lp[0] < 0
+
+
+@pytest.mark.parametrize("share_prefixes", [True, False])
+def test_per_role_temperatures_match_each_roles_sampler(tiny_model, share_prefixes):
+    """A simulator sampled cooler than the caller: each row is scored at its own role's
+    temperature, so at unchanged parameters every log-prob equals the sampler's (ratio 1);
+    one shared temperature would not."""
+    temps = {"caller": 1.0, "simulator": 0.5}
+    batch = [ScoredSample(make_sample(tiny_model, role, [3, 4, 5, 6 + i], [7 + i, 8, 9], trajectory_index=i,
+                                      temperature=temps[role]), 0.5, 1.0)
+             for i, role in enumerate(["caller", "simulator", "caller", "simulator"])]
+    packed = pack_samples(batch)
+    with torch.no_grad():
+        logp, _ = token_logprobs(tiny_model, packed, temps, share_prefixes=share_prefixes)
+        shared, _ = token_logprobs(tiny_model, packed, 1.0, share_prefixes=share_prefixes)
+        _, stats = grpo_loss(tiny_model, packed, temperature=temps, share_prefixes=share_prefixes)
+    for i, s in enumerate(batch):
+        assert logp[i][packed.token_mask[i]].tolist() == pytest.approx(s.sample.logprobs, abs=1e-5)
+        same = shared[i][packed.token_mask[i]].tolist() == pytest.approx(s.sample.logprobs, abs=1e-5)
+        assert same == (s.role == "caller")
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["clip_frac"] == 0.0
+
+
+def test_updater_scores_greedy_roles_at_temperature_one():
+    from envace.train.step import UpdaterConfig
+
+    assert UpdaterConfig(temperature=0.6).role_temperatures() == 0.6
+    assert UpdaterConfig(temperature=0.6, simulator_temperature=0.6).role_temperatures() == 0.6
+    # greedy turns store log-probs at temperature 1
+    assert UpdaterConfig(temperature=0.6, simulator_temperature=0.0).role_temperatures() == {"caller": 0.6,
+                                                                                           "simulator": 1.0}
+    assert UpdaterConfig(temperature=0.0).role_temperatures() == 1.0

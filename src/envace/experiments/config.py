@@ -29,6 +29,10 @@ class RolloutSettings(_Section):
     simulator_max_new_tokens: int = Field(64, ge=1)
     max_prompt_tokens: int = Field(1536, ge=16)
     temperature: float = Field(1.0, ge=0)
+    # A real API answers the same call the same way; sampling the rehearsed answer at T=1 from a
+    # small model mostly adds noise to the world the caller learns in (docs/results.md).
+    simulator_temperature: float | None = Field(None, ge=0, description="sampling temperature of the "
+                                                "simulator role (0 = greedy); None: rollout.temperature")
     top_p: float = Field(1.0, gt=0, le=1)
     max_batch: int = Field(16, ge=1)
 

@@ -19,6 +19,7 @@ class GenerationSettings:
     simulator_max_new_tokens: int = 96
     max_prompt_tokens: int = 2048
     temperature: float = 1.0
+    simulator_temperature: float | None = None  # None: ``temperature``
     top_p: float = 1.0
     max_batch: int = 16
     style: PromptStyle = field(default_factory=PromptStyle)
@@ -45,5 +46,7 @@ def make_source(name: str, policy: Any, gen: GenerationSettings, seed: int | Non
     if backend is None:
         raise ValueError("source 'simulator' needs a simulator model (--sim-model)")
     return ModelSource(backend=backend, name=name, record_samples=name == "rehearsal", style=gen.style,
-                       max_new_tokens=gen.simulator_max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
+                       max_new_tokens=gen.simulator_max_new_tokens,
+                       temperature=gen.temperature if gen.simulator_temperature is None else gen.simulator_temperature,
+                       top_p=gen.top_p,
                        seed=None if seed is None else seed + 104729)

@@ -59,6 +59,7 @@ def generation_settings(cfg: TrainConfig, temperature: float | None = None) -> G
                               simulator_max_new_tokens=r.simulator_max_new_tokens,
                               max_prompt_tokens=r.max_prompt_tokens,
                               temperature=r.temperature if temperature is None else temperature,
+                              simulator_temperature=r.simulator_temperature if temperature is None else temperature,
                               top_p=r.top_p, max_batch=r.max_batch, style=prompt_style(cfg))
 
 
@@ -204,7 +205,8 @@ def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
     return UpdaterConfig(lr=g.lr, clip=g.clip, agg=g.agg, kl_coef=g.kl_coef, caller_weight=g.caller_weight,
                          simulator_weight=g.simulator_weight, micro_batch_tokens=g.micro_batch_tokens,
                          ppo_epochs=g.ppo_epochs, max_grad_norm=g.max_grad_norm,
-                         temperature=cfg.rollout.temperature or 1.0, pad_id=tokenizer.pad_token_id or 0)
+                         temperature=cfg.rollout.temperature,
+                         simulator_temperature=cfg.rollout.simulator_temperature, pad_id=tokenizer.pad_token_id or 0)
 
 
 def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any | None = None) -> TrainState:

@@ -574,7 +574,7 @@ def distributed_compute_gradients(accelerator: Any, du: DistributedUpdater, scor
                 loss, stats = grpo_loss(
                     du.scorer, mb, clip=cfg.clip, clip_high=cfg.clip_high, agg=cfg.agg, kl_coef=cfg.kl_coef,
                     ref_model=up.ref_model, caller_weight=cfg.caller_weight, simulator_weight=cfg.simulator_weight,
-                    temperature=cfg.temperature, normalizers=normalizers, pad_id=cfg.pad_id,
+                    temperature=cfg.role_temperatures(), normalizers=normalizers, pad_id=cfg.pad_id,
                     with_entropy=cfg.with_entropy, share_prefixes=cfg.share_prefixes)
                 accelerator.backward(loss if real else loss * 0.0)
             if real:

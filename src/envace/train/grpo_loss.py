@@ -20,6 +20,8 @@ from envace.policy.transformers_backend import plan_shared_prefixes, prefix_inpu
 from envace.train.batching import PackedBatch, pack_samples
 
 LossAgg = Literal["token_mean", "seq_mean"]
+# The sampler's temperature: one for every sample, or one per role.
+Temperature = float | Mapping[Role, float]
 ROLES: tuple[Role, ...] = ("caller", "simulator")
 
 # Keys of the stats dict, by how micro-batch values combine into a full-batch value.
@@ -54,7 +56,7 @@ def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
 def token_logprobs(
     model: nn.Module,
     packed: PackedBatch,
-    temperature: float = 1.0,
+    temperature: Temperature = 1.0,
     with_entropy: bool = False,
     share_prefixes: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -62,7 +64,8 @@ def token_logprobs(
     (0 where ``token_mask`` is False).
 
     The temperature matches the sampler's, so at unchanged parameters these equal the stored
-    ``logprobs`` and the PPO ratio is 1. Entropy ([B, W], no grad) is optional.
+    ``logprobs`` and the PPO ratio is 1; a ``{role: T}`` mapping scales each row by its role's
+    (the simulator may sample cooler than the caller). Entropy ([B, W], no grad) is optional.
 
     For HF models the vocabulary head runs only at the generated positions: the head is the
     largest matmul by far (49k columns for SmolLM2) and prompts of different lengths make the
@@ -80,9 +83,7 @@ def token_logprobs(
     # window_start + j - offset[row] of ``hidden`` (offset: the row's shared prefix, if any).
     rows, cols = mask.nonzero(as_tuple=True)
     h = hidden[rows, packed.window_start + cols - offset[rows]]
-    logits = head(h).float()
-    if temperature != 1.0:
-        logits = logits / temperature
+    logits = _scaled(head(h).float(), packed, temperature, rows)
     lse = torch.logsumexp(logits, dim=-1)
     picked = logits.gather(-1, packed.targets.to(device)[mask].unsqueeze(-1)).squeeze(-1) - lse
     logp = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, picked)
@@ -135,7 +136,7 @@ def _decoder_hidden(
 def _window_logprobs(
     model: nn.Module,
     packed: PackedBatch,
-    temperature: float = 1.0,
+    temperature: Temperature = 1.0,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Fallback for a plain module returning logits: score the whole window."""
@@ -154,9 +155,7 @@ def _window_logprobs(
     logits = out.logits if hasattr(out, "logits") else out
     if logits.shape[1] == packed.input_ids.shape[1]:  # the model ignored logits_to_keep
         logits = logits[:, packed.window_start :]
-    logits = logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
+    logits = _scaled(logits[:, :-1].float(), packed, temperature)
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, packed.targets.to(device).unsqueeze(-1)).squeeze(-1) - lse
     entropy = None
@@ -164,6 +163,20 @@ def _window_logprobs(
         with torch.no_grad():
             entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return logp, entropy
+
+
+def _scaled(logits: torch.Tensor, packed: PackedBatch, temperature: Temperature,
+            rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits`` divided by the sampling temperature: one float, or per row its role's.
+    ``rows``: the packed row of each logits row (token_logprobs flattens to masked positions);
+    None: ``logits`` is [B, W, V], one packed row each."""
+    if not isinstance(temperature, Mapping):
+        return logits / temperature if temperature != 1.0 else logits
+    per_row = torch.tensor([float(temperature[r]) for r in packed.roles], device=logits.device)
+    if bool((per_row == 1.0).all()):
+        return logits
+    t = per_row[rows.to(logits.device)].unsqueeze(-1) if rows is not None else per_row.view(-1, 1, 1)
+    return logits / t
 
 
 def role_normalizers(
@@ -188,7 +201,7 @@ def grpo_loss(
     ref_model: nn.Module | None = None,
     caller_weight: float = 1.0,
     simulator_weight: float = 1.0,
-    temperature: float = 1.0,
+    temperature: Temperature = 1.0,
     normalizers: Mapping[Role, float] | None = None,
     clip_high: float | None = None,
     pad_id: int = 0,

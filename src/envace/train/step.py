@@ -35,6 +35,7 @@ class UpdaterConfig:
     caller_weight: float = 1.0
     simulator_weight: float = 1.0
     temperature: float = 1.0  # the sampler's, so that new/old log-probs are comparable
+    simulator_temperature: float | None = None  # the simulator role's, when it differs
     pad_id: int = 0
     with_entropy: bool = True
     # Zero-advantage samples add exactly nothing to the policy-gradient loss; without a KL term
@@ -47,6 +48,13 @@ class UpdaterConfig:
 
     def role_weights(self) -> dict[Role, float]:
         return {"caller": self.caller_weight, "simulator": self.simulator_weight}
+
+    def role_temperatures(self) -> float | dict[Role, float]:
+        """What grpo_loss scales logits by: the sampler's log-prob temperature of each role
+        (1 for a greedy role: greedy turns store log-probs at temperature 1)."""
+        sim = self.temperature if self.simulator_temperature is None else self.simulator_temperature
+        caller, sim = self.temperature or 1.0, sim or 1.0
+        return caller if caller == sim else {"caller": caller, "simulator": sim}
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -120,7 +128,7 @@ class GRPOUpdater:
                 ref_model=self.ref_model,
                 caller_weight=cfg.caller_weight,
                 simulator_weight=cfg.simulator_weight,
-                temperature=cfg.temperature,
+                temperature=cfg.role_temperatures(),
                 normalizers=normalizers,
                 pad_id=cfg.pad_id,
                 with_entropy=cfg.with_entropy,
