@@ -254,3 +254,27 @@ def test_the_simulator_role_can_sample_at_its_own_temperature(tmp_path):
     assert make_source("rehearsal", object(), generation_settings(shared), seed=0).temperature == 0.7
     with pytest.raises(ConfigError, match=r"field 'rollout.simulator_temperature'"):
         load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "simulator_temperature": -1}))
+
+
+def test_the_truncation_warning_says_when_cut_off_turns_are_decoding_loops(tmp_path):
+    """Turns cut off while repeating a span (greedy loops) call for another remedy than turns
+    that are longer than the cap; the warning names the right one."""
+    from envace.core.types import Message, Trajectory, TurnSample
+    from envace.experiments.train_job import TruncationWatch
+
+    cfg = load_config(_cfg(tmp_path))
+
+    def traj(gens):
+        samples = [TurnSample(role="simulator", group_id="g", trajectory_index=0, turn=i, prompt_ids=[1],
+                              gen_ids=g, logprobs=[-1.0] * len(g), finish="length") for i, g in enumerate(gens)]
+        return Trajectory(task_id="t", source="rehearsal", messages=[Message(role="user", content="q")],
+                          samples=samples)
+
+    loop = list(range(10)) + [5, 6, 7] * 30
+    said = []
+    TruncationWatch(cfg, said.append).add([traj([loop, loop, list(range(99))])])
+    long = []
+    TruncationWatch(cfg, long.append).add([traj([list(range(99)), list(range(99)), loop])])
+    assert len(said) == 1 and "2 of the 3 were repeating themselves" in said[0]
+    assert "rollout.simulator_temperature" in said[0] and "raise the cap" not in said[0]
+    assert len(long) == 1 and long[0].endswith("raise the cap")

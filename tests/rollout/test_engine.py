@@ -118,3 +118,25 @@ def test_json_tool_format_renders_schemas(tiny_backend):
     full = tok.decode(render_caller_prompt(tok, task, [], PromptStyle(tool_format="json")))
     assert task.instruction in compact and '"parameters"' in full and '"parameters"' not in compact
     assert all(t.name in compact for t in task.tools)
+
+
+def test_cut_off_turns_are_counted_per_role_and_short_ones_never_count_as_loops(tiny_backend):
+    from envace.rollout.engine import ends_in_loop, truncation_counts
+
+    tasks = load_tasks("shop", "train", limit=2)
+    source = ModelSource(tiny_backend, name="rehearsal", max_new_tokens=6, temperature=0.0)
+    trajs, _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(group_size=1, max_turns=2))
+    c = truncation_counts(trajs)["simulator"]
+    sim = [s for t in trajs for s in t.samples]
+    assert c.turns == len(sim) and c.cut == sum(s.finish == "length" for s in sim) > 0
+    assert c.looped == 0 and not any(ends_in_loop(s.gen_ids) for s in sim)
+
+
+def test_ends_in_loop():
+    from envace.rollout.engine import ends_in_loop
+
+    varied = list(range(100))
+    assert not ends_in_loop(varied)
+    assert ends_in_loop(varied[:40] + [7, 8, 9] * 20)
+    assert not ends_in_loop([7, 8, 9] * 10, span=24)  # 30 tokens: too short to tell
+    assert ends_in_loop([1, 2] * 4, span=2) and not ends_in_loop([1, 2, 3, 4, 5], span=2)

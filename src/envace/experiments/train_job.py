@@ -31,7 +31,7 @@ from envace.experiments.tasks import select_tasks
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
 from envace.policy.transformers_backend import TransformersBackend
-from envace.rollout.engine import RolloutConfig, run_episodes, truncated_fractions, truncation_counts
+from envace.rollout.engine import RolloutConfig, Truncation, run_episodes, truncated_fractions, truncation_counts
 from envace.rollout.sources import RealSource
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
@@ -421,19 +421,27 @@ class TruncationWatch:
     cfg: TrainConfig
     log: Any
     where: str = ""
-    counts: dict[str, list[int]] = field(default_factory=dict)
+    counts: dict[str, Truncation] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
 
     def add(self, trajectories: list[Trajectory]) -> None:
-        for role, (cut, n) in truncation_counts(trajectories).items():
-            c = self.counts.setdefault(role, [0, 0])
-            c[0], c[1] = c[0] + cut, c[1] + n
-            if c[0] > TRUNCATION_WARN * c[1] and role not in self.warned:
+        for role, new in truncation_counts(trajectories).items():
+            c = self.counts.setdefault(role, Truncation())
+            c.cut, c.looped, c.turns = c.cut + new.cut, c.looped + new.looped, c.turns + new.turns
+            if c.cut > TRUNCATION_WARN * c.turns and role not in self.warned:
                 self.warned.add(role)
-                cap = getattr(self.cfg.rollout, f"{role}_max_new_tokens")
-                self.log(f"warning: {c[0] / c[1]:.0%} of {role} turns{self.where} stopped at "
-                         f"rollout.{role}_max_new_tokens={cap} without ending; a cut-off turn "
-                         f"{'is not a parseable tool call' if role == 'caller' else 'is not JSON'}: raise the cap")
+                self.log(self.message(role, c))
+
+    def message(self, role: str, c: Truncation) -> str:
+        cap = getattr(self.cfg.rollout, f"{role}_max_new_tokens")
+        head = (f"warning: {c.cut / c.turns:.0%} of {role} turns{self.where} stopped at "
+                f"rollout.{role}_max_new_tokens={cap} without ending; a cut-off turn "
+                f"{'is not a parseable tool call' if role == 'caller' else 'is not JSON'}")
+        if 2 * c.looped > c.cut:  # mostly loops: a bigger cap buys longer loops, not whole turns
+            temp = "rollout.simulator_temperature" if role == "simulator" else "rollout.temperature"
+            return (f"{head}. {c.looped} of the {c.cut} were repeating themselves (a decoding loop), so a "
+                    f"higher cap will not help: more SFT, or sampling the role ({temp} > 0), may")
+        return f"{head}: raise the cap"
 
 
 def _silent(*_: Any, **__: Any) -> None:
