@@ -7,8 +7,9 @@ import copy
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from train_helpers import make_tiny_model, random_scored_batch
+from train_helpers import make_sample, make_tiny_model, random_scored_batch
 
+from envace.train.advantages import ScoredSample
 from envace.train.batching import padding_fraction, sequence_length, split_micro_batches
 from envace.train.grpo_loss import grpo_loss
 from envace.train.modes import MODE_NAMES, ModeSpec
@@ -194,12 +195,25 @@ def test_plain_module_trains():
     assert after.item() < before.item()
 
 
+def test_plain_module_scores_each_role_at_its_temperature():
+    """The fallback path (no HF head split) scales each row by its role's temperature too."""
+    model = _PlainLM()
+    temps = {"caller": 1.0, "simulator": 0.4}
+    batch = [ScoredSample(make_sample(model, role, [3, 4, 5 + i], [9, 10 + i], trajectory_index=i,
+                                      temperature=temps[role]), 0.5, 1.0)
+             for i, role in enumerate(["caller", "simulator", "simulator"])]
+    with torch.no_grad():
+        _, right = grpo_loss(model, batch, temperature=temps)
+        _, shared = grpo_loss(model, batch, temperature=1.0)
+    assert right["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert shared["ratio_max"] > 1.0 + 1e-3
+
+
 def _turn_scored(model, tok):
     """Per-turn caller samples of real 3-call oracle episodes (shop), with the model's own
     log-probs as the sampler's and made-up advantages, so that every sample carries loss."""
     from envace.core.prompts import PromptStyle
     from envace.envs import load_tasks
-    from envace.train.advantages import ScoredSample
     from envace.train.sft import oracle_sft_samples
     from train_helpers import sampler_logprobs
 
