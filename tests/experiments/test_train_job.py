@@ -170,6 +170,9 @@ def test_rl_pool_keeps_grpo_on_the_same_few_tasks_and_the_eval_can_run_on_them(t
     for step in (0, 3):
         ids = {t["task_id"] for t in evals if t["step"] == step}
         assert len(ids) == 3 and used <= ids <= fresh
+    # and the report does not call them held-out
+    summary = (run.path / "summary.md").read_text()
+    assert "## Real-world evaluation (the trained tasks (GRPO pool))" in summary and "held-out" not in summary
 
 
 def test_a_data_vocabulary_run_trains_resumes_warm_starts_others_and_its_checkpoint_evaluates(tmp_path):
@@ -278,3 +281,15 @@ def test_the_truncation_warning_says_when_cut_off_turns_are_decoding_loops(tmp_p
     assert len(said) == 1 and "2 of the 3 were repeating themselves" in said[0]
     assert "rollout.simulator_temperature" in said[0] and "raise the cap" not in said[0]
     assert len(long) == 1 and long[0].endswith("raise the cap")
+
+
+@pytest.mark.parametrize("name", ["demo", "compare", "bfcl_rehearsal"])
+def test_the_shipped_configs_load(name):
+    """A field renamed in the code must not leave the README's main job failing at startup."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml"
+    cfg = load_config(path)
+    assert cfg.steps >= 1
+    if name == "demo":  # the demo trains on a fixed pool and evaluates those tasks in the real worlds
+        assert cfg.rl_pool == 16 and cfg.eval.split == "pool" and cfg.rollout.simulator_temperature == 0.0
