@@ -10,10 +10,10 @@ from envace.experiments.rundir import RunDir
 _EVAL_SETS = {"test": "held-out tasks", "pool": "the trained tasks (GRPO pool)", "train": "train-split tasks"}
 
 
-def eval_set(run: RunDir) -> str:
-    """What the run's real-world eval measured, in words: with ``eval.split: pool`` the tasks
-    GRPO trains on, which must not pass for held-out ones."""
-    split = (run.config().get("eval") or {}).get("split", "test")
+def eval_set(cfg: dict) -> str:
+    """What a run's real-world eval measured (``cfg``: its config.yaml), in words: with
+    ``eval.split: pool`` the tasks GRPO trains on, which must not pass for held-out ones."""
+    split = (cfg.get("eval") or {}).get("split", "test")
     return _EVAL_SETS.get(split, f"{split} tasks")
 
 
@@ -40,7 +40,7 @@ def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-
                 pts = [(r["step"], r[f"reward/{role}"]) for r in tr if f"reward/{role}" in r]
                 if pts:
                     ax2.plot(*zip(*pts), style, label=f"{label} {role}")
-    sets = sorted({eval_set(run) for run in runs.values()})
+    sets = sorted({eval_set(run.config()) for run in runs.values()})
     ax1.set_xlabel("step"), ax1.set_ylabel(f"real world, {' / '.join(sets)}"), ax1.set_title(title)
     ax2.set_xlabel("step"), ax2.set_ylabel("mean training reward"), ax2.set_title("training reward per role")
     for ax in (ax1, ax2):
@@ -73,7 +73,7 @@ def write_train_report(run: RunDir) -> Path:
                      f"{s['sft/last_loss']:.3f} in {s['sft/seconds']:.0f} s")
         lines.append("")
     if ev:
-        lines += [f"## Real-world evaluation ({eval_set(run)})", "", "| step | success | mean reward | tool calls | parse failures |",
+        lines += [f"## Real-world evaluation ({eval_set(cfg)})", "", "| step | success | mean reward | tool calls | parse failures |",
                   "|---|---|---|---|---|"]
         lines += [f"| {r['step']} | {r['eval/success']:.3f} | {r['eval/reward']:.3f} | {r['eval/tool_calls']:.2f} | "
                   f"{r['eval/parse_failures']:.2f} |" for r in ev]

@@ -41,7 +41,12 @@ class SamplingParams:
     @property
     def logprob_temperature(self) -> float:
         """The T of log_softmax(logits / T) under which logprobs are reported (1 when greedy)."""
-        return self.temperature if self.temperature > 0 else 1.0
+        return logprob_temperature(self.temperature)
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The T under which a sampler at ``temperature`` reports log-probs: itself, 1 when greedy."""
+    return temperature if temperature > 0 else 1.0
 
 
 @dataclass

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from envace.core.types import Role
+from envace.policy.sampling import logprob_temperature
 from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_trajectory_turns, padding_fraction, split_micro_batches
 from envace.train.grpo_loss import LossAgg, grpo_loss, merge_loss_stats, role_normalizers
@@ -53,7 +54,7 @@ class UpdaterConfig:
         """What grpo_loss scales logits by: the sampler's log-prob temperature of each role
         (1 for a greedy role: greedy turns store log-probs at temperature 1)."""
         sim = self.temperature if self.simulator_temperature is None else self.simulator_temperature
-        caller, sim = self.temperature or 1.0, sim or 1.0
+        caller, sim = logprob_temperature(self.temperature), logprob_temperature(sim)
         return caller if caller == sim else {"caller": caller, "simulator": sim}
 
 
