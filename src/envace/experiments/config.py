@@ -76,6 +76,10 @@ class SFTConfig(_Section):
     copy_warmup_lr: float = Field(1e-3, gt=0)
     copy_warmup_vocab: int = Field(256, ge=2, description="the most frequent data tokens the spans are drawn from")
     copy_warmup_span: int = Field(16, ge=2)
+    copy_warmup_data: float = Field(0.0, ge=0, le=1, description="share of copy warm-up steps that copy windows "
+                                    "of real tool results (repeated keys, as in every JSON list) instead of "
+                                    "random spans")
+    copy_warmup_data_span: int = Field(128, ge=2, description="longest real-result window copied")
     roles: list[Literal["caller", "simulator"]] = Field(default_factory=lambda: ["caller", "simulator"])
     init_from: str | None = Field(None, description="reuse the warm start of an earlier run: its <run>/sft dir")
     vocab: int | None = Field(None, ge=300, description="for a llama: model trained from scratch: train a byte-level "

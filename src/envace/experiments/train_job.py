@@ -170,9 +170,12 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     if cfg.sft.copy_warmup_steps:
         vocab = data_vocabulary((s.prompt_ids + s.gen_ids for s in samples), limit=cfg.sft.copy_warmup_vocab)
         bar = StepProgress("copy warm-up", total=cfg.sft.copy_warmup_steps)
+        results = [s.gen_ids for s in samples if s.role == "simulator"]  # the real tool results
         cw = copy_warmup(policy, vocab, cfg.sft.copy_warmup_steps, lr=cfg.sft.copy_warmup_lr,
                          span=cfg.sft.copy_warmup_span, seed=cfg.seed,
-                         on_step=lambda s, n, loss: bar.update(s, n, {"loss": loss}))
+                         on_step=lambda s, n, loss: bar.update(s, n, {"loss": loss}),
+                         data=results, data_frac=cfg.sft.copy_warmup_data if results else 0.0,
+                         data_span=cfg.sft.copy_warmup_data_span)
         bar.close()
         log(f"copy warm-up: {cw.steps} steps over {cw.vocabulary} data tokens, loss {cw.first_loss:.3f} -> "
             f"{cw.last_loss:.3f}, copy accuracy {cw.accuracy:.3f}")

@@ -17,7 +17,7 @@ ids). Pretrained models know how to copy: leave it off for them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,16 +42,41 @@ def data_vocabulary(sequences: Iterable[Iterable[int]], limit: int = 4096) -> li
     return [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]]
 
 
+def _data_rows(data: Sequence[Sequence[int]], n: int, batch: int, gen: torch.Generator) -> torch.Tensor:
+    """``batch`` windows of ``n`` tokens from random ``data`` sequences (shorter ones padded by repeating)."""
+    rows = []
+    for _ in range(batch):
+        seq = data[int(torch.randint(0, len(data), (1,), generator=gen))]
+        start = int(torch.randint(0, max(1, len(seq) - n + 1), (1,), generator=gen))
+        window = list(seq[start:start + n])
+        rows.append((window * (n // len(window) + 1))[:n])
+    return torch.tensor(rows, dtype=torch.long)
+
+
 def copy_warmup(model: nn.Module, vocabulary: list[int], steps: int, lr: float = 3e-3, span: int = 24,
                 batch: int = 32, seed: int = 0,
-                on_step: Callable[[int, int, float], None] | None = None) -> CopyWarmupStats:
+                on_step: Callable[[int, int, float], None] | None = None,
+                data: Sequence[Sequence[int]] | None = None, data_frac: float = 0.0,
+                data_span: int = 128) -> CopyWarmupStats:
     """Train ``model`` to repeat random spans of ``vocabulary`` tokens: rows ``[x filler x]`` with
     ``len(x)`` in ``[span/3, span]`` and up to ``span`` filler tokens, loss on the repeat. Needs
-    an HF causal LM (body + vocabulary head)."""
+    an HF causal LM (body + vocabulary head).
+
+    With ``data`` (token sequences, e.g. real tool results), a ``data_frac`` share of the steps
+    copies windows of up to ``data_span`` tokens of them instead. Random spans never repeat a
+    token, so matching one token back finds the place to copy from; a JSON list repeats its keys
+    in every item, and a model that matches one token back jumps between items (measured: the
+    warm start wrote shuffled, looping lists even with the same call's real result in its prompt).
+    """
     if steps <= 0:
         raise ValueError("copy_warmup: steps must be positive")
     if len(vocabulary) < 2:
         raise ValueError("copy_warmup: the vocabulary needs at least two tokens")
+    if not 0.0 <= data_frac <= 1.0:
+        raise ValueError(f"copy_warmup: data_frac must be in [0, 1], not {data_frac}")
+    data = [d for d in (data or []) if len(d) > 0]
+    if data_frac > 0 and not data:
+        raise ValueError("copy_warmup: data_frac > 0 needs non-empty data sequences")
     parts = decoder_and_head(model)
     if parts is None:
         raise ValueError("copy_warmup needs a Hugging Face causal LM (a decoder and an output embedding)")
@@ -67,10 +92,14 @@ def copy_warmup(model: nn.Module, vocabulary: list[int], steps: int, lr: float =
     for step in range(1, steps + 1):
         # A span length and a gap drawn per step: with one fixed layout a model learns "look back
         # n positions", which copies nothing in real data; varying both forces matching on content.
-        n = int(torch.randint(max(2, span // 3), span + 1, (1,), generator=gen))
+        from_data = data_frac > 0 and float(torch.rand(1, generator=gen)) < data_frac
+        length = data_span if from_data else span
+        n = int(torch.randint(max(2, length // 3), length + 1, (1,), generator=gen))
         gap = int(torch.randint(0, span + 1, (1,), generator=gen))
         idx = torch.randint(0, len(vocabulary), (batch, n + gap), generator=gen).to(device)
         ids, filler = vocab[idx[:, :n]], vocab[idx[:, n:]]
+        if from_data:
+            ids = _data_rows(data, n, batch, gen).to(device)
         hidden = decoder(input_ids=torch.cat([ids, filler, ids], 1), use_cache=False).last_hidden_state
         h = hidden[:, n + gap - 1: 2 * n + gap - 1]  # position k predicts token k+1: the repeat
         logits = head(h).float()
