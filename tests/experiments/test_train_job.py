@@ -293,3 +293,17 @@ def test_the_shipped_configs_load(name):
     assert cfg.steps >= 1
     if name == "demo":  # the demo trains on a fixed pool and evaluates those tasks in the real worlds
         assert cfg.rl_pool == 16 and cfg.eval.split == "pool" and cfg.rollout.simulator_temperature == 0.0
+
+
+def test_the_copy_warmup_of_a_run_copies_its_real_tool_results(tmp_path):
+    """``sft.copy_warmup_data``: the run's warm-up takes the oracle's real tool results as data
+    (and logs its copy metrics); with no simulator samples to copy it falls back to random spans."""
+    over = ["model=llama:64x1", "sft.vocab=512", "lora.enabled=false", "sft.trajectories=2", "steps=0",
+            "sft.copy_warmup_steps=3", "sft.copy_warmup_data=1.0", "sft.copy_warmup_data_span=16"]
+    for extra, name in (([], "a"), (["sft.roles=[caller]"], "b")):
+        run = train(load_config(_cfg(tmp_path), over + extra + ["out=" + str(tmp_path / name)]), log=lambda *_: None)
+        rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
+        copy = [r for r in rows if "copy/accuracy" in r]
+        assert len(copy) == 1 and 0.0 <= copy[0]["copy/accuracy"] <= 1.0
+    with pytest.raises(ConfigError, match="sft.copy_warmup_data"):
+        load_config(_cfg(tmp_path), ["sft.copy_warmup_data=1.5"])
