@@ -5,7 +5,7 @@ call), and JSON lists repeat their keys in every item, unlike the random spans o
     python benchmarks/copy_warmup_data.py --threads 1 --data-frac 0,0.5 [--steps 1500]
     python benchmarks/copy_warmup_data.py --threads 1 --checkpoint RUN/sft/step-00000000
 
-For each setting, a fresh ``llama:128x2`` on the demo's 2,048-token data vocabulary runs the copy
+For each setting, a fresh ``llama:128x2`` on a 2,048-token BPE trained on the results runs the copy
 warm-up (``--data-frac``: the share of steps copying windows of real results of 200 train tasks
 per world); with ``--checkpoint`` a saved model is measured as it is. The measure: rows ``[R filler
 R]`` for the real results R (over 60 tokens, up to 300) of the reference calls of 40 other train
@@ -42,6 +42,11 @@ def real_results(first: int, last: int) -> list[str]:
     return out
 
 
+def held_rows(tok, texts: list[str]) -> list[list[int]]:
+    """The token ids of the results over 60 tokens, cut at 300 (the simulator cap is 320)."""
+    return [ids[:300] for ids in (tok(t, add_special_tokens=False)["input_ids"] for t in texts) if len(ids) > 60]
+
+
 @torch.no_grad()
 def copy_scores(model, rows: list[list[int]], seed: int = 0) -> tuple[float, float]:
     decoder, head = decoder_and_head(model)
@@ -67,13 +72,13 @@ def main() -> None:
     train, held = real_results(0, 200), real_results(300, 340)
     if args.checkpoint:
         model, tok = load_model(args.checkpoint)
-        rows = [ids[:300] for ids in (tok(t, add_special_tokens=False)["input_ids"] for t in held) if len(ids) > 60]
+        rows = held_rows(tok, held)
         acc, whole = copy_scores(model.eval(), rows)
         print(f"checkpoint {args.checkpoint}: {len(rows)} results, copy accuracy {acc:.3f}, whole {whole:.3f}")
         return
     tok = train_data_tokenizer(train, 2048, smollm2_tokenizer())
     data = [tok(t, add_special_tokens=False)["input_ids"] for t in train]
-    rows = [ids[:300] for ids in (tok(t, add_special_tokens=False)["input_ids"] for t in held) if len(ids) > 60]
+    rows = held_rows(tok, held)
     print(f"{len(data)} training results, {len(rows)} held-out results over 60 tokens")
     print("| copy_warmup_data | steps | seconds | last loss | copy accuracy | whole results |")
     print("|---|---|---|---|---|---|")
