@@ -171,6 +171,9 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
         vocab = data_vocabulary((s.prompt_ids + s.gen_ids for s in samples), limit=cfg.sft.copy_warmup_vocab)
         bar = StepProgress("copy warm-up", total=cfg.sft.copy_warmup_steps)
         results = [s.gen_ids for s in samples if s.role == "simulator"]  # the real tool results
+        if cfg.sft.copy_warmup_data and not results:
+            log("warning: sft.copy_warmup_data is ignored: the warm start has no simulator samples (real tool "
+                "results) to copy; the warm-up copies random spans only")
         cw = copy_warmup(policy, vocab, cfg.sft.copy_warmup_steps, lr=cfg.sft.copy_warmup_lr,
                          span=cfg.sft.copy_warmup_span, seed=cfg.seed,
                          on_step=lambda s, n, loss: bar.update(s, n, {"loss": loss}),
