@@ -5,7 +5,7 @@ call), and JSON lists repeat their keys in every item, unlike the random spans o
     python benchmarks/copy_warmup_data.py --threads 1 --data-frac 0,0.5 [--steps 1500]
     python benchmarks/copy_warmup_data.py --threads 1 --checkpoint RUN/sft/step-00000000
 
-For each setting, a fresh ``llama:128x2`` on a 2,048-token BPE trained on the results runs the copy
+For each setting, a fresh ``llama:128x2`` (``--model``) on a 2,048-token BPE trained on the results runs the copy
 warm-up (``--data-frac``: the share of steps copying windows of real results of 200 train tasks
 per world); with ``--checkpoint`` a saved model is measured as it is. The measure: rows ``[R filler
 R]`` for the real results R (over 60 tokens, up to 300) of the reference calls of 40 other train
@@ -67,6 +67,7 @@ def main() -> None:
     p.add_argument("--data-frac", default="0,0.5", help="comma list of copy_warmup_data settings")
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--data-span", type=int, default=128)
+    p.add_argument("--model", default="llama:128x2", help="the llama:HIDDENxLAYERS model to warm up")
     p.add_argument("--checkpoint", default=None, help="measure this saved model instead of warming up")
     args = start(p, "copy of real tool results: random-span vs real-result copy warm-up")
     train, held = real_results(0, 200), real_results(300, 340)
@@ -83,7 +84,7 @@ def main() -> None:
     print("| copy_warmup_data | steps | seconds | last loss | copy accuracy | whole results |")
     print("|---|---|---|---|---|---|")
     for frac in (float(x) for x in args.data_frac.split(",")):
-        model = scratch_llama("llama:128x2", tok)
+        model = scratch_llama(args.model, tok)
         t0 = time.perf_counter()
         stats = copy_warmup(model, data_vocabulary(data, 4096), args.steps, lr=1e-3, span=16, seed=0,
                             data=data, data_frac=frac, data_span=args.data_span)

@@ -172,7 +172,7 @@ def test_rl_pool_keeps_grpo_on_the_same_few_tasks_and_the_eval_can_run_on_them(t
         assert len(ids) == 3 and used <= ids <= fresh
     # and the report does not call them held-out
     summary = (run.path / "summary.md").read_text()
-    assert "## Real-world evaluation (the trained tasks (GRPO pool))" in summary and "held-out" not in summary
+    assert "## Real-world evaluation (the trained tasks (GRPO pool), greedy)" in summary and "held-out" not in summary
 
 
 def test_a_data_vocabulary_run_trains_resumes_warm_starts_others_and_its_checkpoint_evaluates(tmp_path):
@@ -307,3 +307,24 @@ def test_the_copy_warmup_of_a_run_copies_its_real_tool_results(tmp_path):
         assert len(copy) == 1 and 0.0 <= copy[0]["copy/accuracy"] <= 1.0
     with pytest.raises(ConfigError, match="sft.copy_warmup_data"):
         load_config(_cfg(tmp_path), ["sft.copy_warmup_data=1.5"])
+
+
+def test_the_eval_can_average_several_sampled_episodes_per_task(tmp_path):
+    """eval.samples: k real-world episodes per task at eval.temperature, success averaged over all
+    of them, and the share of tasks any episode solved; greedy k > 1 is refused (all the same)."""
+    from envace.experiments.train_job import eval_tasks, evaluate_real
+    from envace.policy.loading import load_model
+
+    with pytest.raises(ConfigError, match=r"field 'eval': .*eval.samples > 1 needs eval.temperature > 0"):
+        load_config(_cfg(tmp_path), ["eval.samples=2"])
+    cfg = load_config(_cfg(tmp_path), ["eval.samples=3", "eval.temperature=1.0", "eval.tasks=2"])
+    tasks = eval_tasks(cfg)
+    model, tok = load_model("tiny")
+    metrics, trajs = evaluate_real(model, tok, tasks, cfg)
+    assert [t.task_id for t in trajs] == [t.id for t in tasks for _ in range(3)]
+    assert sorted({t.trajectory_index for t in trajs}) == [0, 1, 2]
+    wins = [t.reward >= 1.0 for t in trajs]
+    assert metrics["eval/success"] == pytest.approx(sum(wins) / 6)
+    solved = {t.task_id for t in trajs if t.reward >= 1.0}
+    assert metrics["eval/tasks_solved"] == pytest.approx(len(solved) / 2)
+    assert metrics["eval/reward"] == pytest.approx(sum(t.reward for t in trajs) / 6)

@@ -94,6 +94,15 @@ class EvalConfig(_Section):
         "test", description="test: held-out tasks; pool: the first `tasks` of the tasks GRPO trains on (with "
         "rl_pool: all of them), i.e. whether training with imagined responses carries over to the real worlds")
     temperature: float = Field(0.0, ge=0)
+    samples: int = Field(1, ge=1, description="episodes per task; with temperature > 0 success is averaged over "
+                         "them: an estimate of the sampling policy's success, far less noisy than one greedy "
+                         "episode per task (a greedy eval moves in whole tasks)")
+
+    @model_validator(mode="after")
+    def _samples_need_sampling(self) -> EvalConfig:
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError("eval.samples > 1 needs eval.temperature > 0: greedy episodes of one task are all the same")
+        return self
 
 
 class CheckpointConfig(_Section):

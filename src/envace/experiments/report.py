@@ -12,9 +12,12 @@ _EVAL_SETS = {"test": "held-out tasks", "pool": "the trained tasks (GRPO pool)",
 
 def eval_set(cfg: dict) -> str:
     """What a run's real-world eval measured (``cfg``: its config.yaml), in words: with
-    ``eval.split: pool`` the tasks GRPO trains on, which must not pass for held-out ones."""
-    split = (cfg.get("eval") or {}).get("split", "test")
-    return _EVAL_SETS.get(split, f"{split} tasks")
+    ``eval.split: pool`` the tasks GRPO trains on, which must not pass for held-out ones; and
+    greedy or sampled (``eval.samples`` at ``eval.temperature``), whose figures differ."""
+    ev = cfg.get("eval") or {}
+    split, samples, temperature = ev.get("split", "test"), ev.get("samples") or 1, ev.get("temperature") or 0.0
+    how = "greedy" if temperature == 0 else f"{samples} episode{'s' if samples > 1 else ''} each at T={temperature:g}"
+    return f"{_EVAL_SETS.get(split, f'{split} tasks')}, {how}"
 
 
 def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-world success") -> Path:
@@ -73,10 +76,12 @@ def write_train_report(run: RunDir) -> Path:
                      f"{s['sft/last_loss']:.3f} in {s['sft/seconds']:.0f} s")
         lines.append("")
     if ev:
-        lines += [f"## Real-world evaluation ({eval_set(cfg)})", "", "| step | success | mean reward | tool calls | parse failures |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {r['step']} | {r['eval/success']:.3f} | {r['eval/reward']:.3f} | {r['eval/tool_calls']:.2f} | "
-                  f"{r['eval/parse_failures']:.2f} |" for r in ev]
+        lines += [f"## Real-world evaluation ({eval_set(cfg)})", "",
+                  "| step | success | tasks solved (any episode) | mean reward | tool calls | parse failures |",
+                  "|---|---|---|---|---|---|"]
+        # runs from before eval.samples have no tasks_solved column
+        lines += [f"| {r['step']} | {r['eval/success']:.3f} | {r.get('eval/tasks_solved', float('nan')):.3f} | "
+                  f"{r['eval/reward']:.3f} | {r['eval/tool_calls']:.2f} | {r['eval/parse_failures']:.2f} |" for r in ev]
         lines.append("")
     if tr:
         secs = sum(r["step_s"] for r in tr)

@@ -93,6 +93,22 @@ def rl_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
     return fresh or pool
 
 
+def grpo_pool(cfg: TrainConfig, bench: BenchTaskSet | None = None) -> list[Task]:
+    """The tasks GRPO draws its steps from: with ``rl_pool``, a fixed sample of them (seeded)."""
+    pool = bench.train if bench is not None else rl_tasks(cfg, train_tasks(cfg))
+    if cfg.rl_pool is not None:
+        pool = random.Random(cfg.seed).sample(pool, min(cfg.rl_pool, len(pool)))
+    return pool
+
+
+def real_eval_tasks(cfg: TrainConfig, pool: list[Task], bench: BenchTaskSet | None = None) -> list[Task]:
+    """The tasks of the real-world eval: held-out ones, or with ``eval.split: pool`` the first of
+    the GRPO pool (does training carry over to the real worlds on the tasks it trains on?)."""
+    if cfg.eval.split == "pool":
+        return pool[:cfg.eval.tasks]
+    return bench.test[:cfg.eval.tasks] if bench is not None else eval_tasks(cfg)
+
+
 def step_tasks(pool: list[Task], cfg: TrainConfig, step: int) -> list[Task]:
     """The tasks of one step: a function of (seed, step) only, so a resumed run draws the same."""
     return random.Random(cfg.seed * 1_000_003 + step).sample(pool, min(cfg.tasks_per_step, len(pool)))
@@ -107,13 +123,16 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
     backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch)
     mine, actor = dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed)
+    k = cfg.eval.samples
     if bench is not None:
-        trajs, _ = bench_episodes(bench, mine, actor, None, backend, cfg.seed, group_size=1)
+        trajs, _ = bench_episodes(bench, mine, actor, None, backend, cfg.seed, group_size=k)
     else:
-        trajs, _ = run_episodes(mine, actor, RealSource(), RolloutConfig(group_size=1, max_turns=cfg.rollout.max_turns))
+        trajs, _ = run_episodes(mine, actor, RealSource(), RolloutConfig(group_size=k, max_turns=cfg.rollout.max_turns))
     trajs = _in_task_order(dist.gather_trajectories(accelerator, trajs), tasks, accelerator)
     n = len(trajs)
+    solved = {t.task_id for t in trajs if t.reward >= 1.0}
     return {"eval/success": sum(t.reward >= 1.0 for t in trajs) / n,
+            "eval/tasks_solved": len(solved) / len({t.task_id for t in trajs}),
             "eval/reward": sum(t.reward for t in trajs) / n,
             "eval/tool_calls": sum(t.tool_calls for t in trajs) / n,
             "eval/parse_failures": sum(t.parse_failures for t in trajs) / n,
@@ -311,13 +330,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     run, models = st.run, st.models
     metrics_log = MetricsLog(run, resume_step=st.start_step if resume is not None else None) if main else None
     tok = models.tokenizer
-    pool = bench.train if bench is not None else rl_tasks(cfg, train_tasks(cfg))
-    if cfg.rl_pool is not None:
-        pool = random.Random(cfg.seed).sample(pool, min(cfg.rl_pool, len(pool)))
-    if cfg.eval.split == "pool":
-        held_out = pool[:cfg.eval.tasks]
-    else:
-        held_out = bench.test[:cfg.eval.tasks] if bench is not None else eval_tasks(cfg)
+    pool = grpo_pool(cfg, bench)
+    held_out = real_eval_tasks(cfg, pool, bench)
     gen = generation_settings(cfg)
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
     device = _device(acc, cfg)
