@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from envace.experiments.rundir import RunDir
@@ -44,7 +45,9 @@ def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-
                 if pts:
                     ax2.plot(*zip(*pts), style, label=f"{label} {role}")
     sets = sorted({eval_set(run.config()) for run in runs.values()})
-    ax1.set_xlabel("step"), ax1.set_ylabel(f"real world, {' / '.join(sets)}"), ax1.set_title(title)
+    # what was measured goes under the title: as the y label it ran off the figure
+    ax1.set_xlabel("step"), ax1.set_ylabel("success / reward in the real worlds")
+    ax1.set_title(title + "\n" + textwrap.fill(" / ".join(sets), 60), fontsize=9)
     ax2.set_xlabel("step"), ax2.set_ylabel("mean training reward"), ax2.set_title("training reward per role")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
