@@ -12,8 +12,7 @@ whether a difference is more than noise.
 
 The tasks are the config's eval tasks (``eval.split``; with ``--set rl_pool=16 --set
 eval.split=pool``, the GRPO pool a fit check trains on). ``--temperature 0 --samples 1`` gives
-the greedy eval of a training run. Every checkpoint runs
-with the same seed, so the episodes of two checkpoints share their random stream.
+the greedy eval of a training run. Every checkpoint runs with the same seed, so the episodes of two checkpoints share their random stream.
 """
 
 from __future__ import annotations
@@ -57,7 +56,8 @@ def main() -> None:
     args = start(p, "real-world success of checkpoints, sampled episodes per task")
     cfg = load_config(args.config, [*args.overrides, f"eval.tasks={args.tasks}", f"eval.samples={args.samples}",
                                     f"eval.temperature={args.temperature}"])
-    tasks = real_eval_tasks(cfg, grpo_pool(cfg))
+    # the GRPO pool only matters for eval.split: pool; building it generates every train task
+    tasks = real_eval_tasks(cfg, grpo_pool(cfg) if cfg.eval.split == "pool" else [])
     print(f"{len(tasks)} {cfg.eval.split} tasks x {cfg.eval.samples} episodes at T={cfg.eval.temperature}")
     print("| checkpoint | success | tasks solved (any episode) | reward | minus the first (paired s.e.) | seconds |")
     print("|---|---|---|---|---|---|")
