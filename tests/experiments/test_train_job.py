@@ -106,29 +106,34 @@ def test_a_killed_run_resumes_and_redoes_the_lost_step_identically(tmp_path):
     """SIGKILL mid-run (no clean shutdown), then ``envace train --resume``: the steps after the
     last checkpoint are redone exactly as an uninterrupted run does them."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
-    # Many short steps: the kill lands well before the end however fast the machine (a tiny-model
-    # step takes ~0.1 s, so with 4 steps the run sometimes finished between two polls).
-    steps = 30
+    # The child kills itself at a fixed point -- step 3 logged, its checkpoint not yet written -- so
+    # the test does not race the run (polling from outside missed the window on a fast CI machine).
+    crash = (
+        "import os, signal, sys\n"
+        "from envace.experiments import train_job\n"
+        "from envace.cli.main import main\n"
+        "save = train_job.save_checkpoint\n"
+        "def save_or_die(*a, step, **k):\n"
+        "    if step == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return save(*a, step=step, **k)\n"
+        "train_job.save_checkpoint = save_or_die\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    steps = 6
     cfg = _cfg(tmp_path, steps=steps)
     full = train(load_config(cfg, ["out=" + str(tmp_path / "full")]), log=lambda *_: None)
     out = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "envace.cli.main", "train", "--config", str(cfg),
-                             "--set", f"out={out}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while time.time() < deadline and not list(out.glob("*/checkpoints/step-00000002")):
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc = subprocess.run([sys.executable, "-c", crash, "train", "--config", str(cfg), "--set", f"out={out}"],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=240)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     (run_dir,) = list(out.iterdir())
     done = sorted(r["step"] for r in RunDir(run_dir).metrics() if r["phase"] == "train")
-    assert 2 <= done[-1] < steps, done  # killed before the end
+    assert done == [1, 2, 3]  # step 3 was logged but never checkpointed: it is the lost step
     assert main(["train", "--resume", str(run_dir)]) == 0
     again, rows = _train_rows(RunDir(run_dir)), _train_rows(full)
     assert sorted(again) == list(range(1, steps + 1))
