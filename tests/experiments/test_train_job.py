@@ -288,7 +288,7 @@ def test_the_truncation_warning_says_when_cut_off_turns_are_decoding_loops(tmp_p
     assert len(long) == 1 and long[0].endswith("raise the cap")
 
 
-@pytest.mark.parametrize("name", ["demo", "compare", "bfcl_rehearsal"])
+@pytest.mark.parametrize("name", ["demo", "compare", "compare_smollm2", "bfcl_rehearsal"])
 def test_the_shipped_configs_load(name):
     """A field renamed in the code must not leave the README's main job failing at startup."""
     from pathlib import Path
