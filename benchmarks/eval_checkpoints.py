@@ -17,13 +17,12 @@ the greedy eval of a training run. Every checkpoint runs with the same seed, so 
 
 from __future__ import annotations
 
-import math
-import statistics
 import time
 from collections import defaultdict
 
 from _common import make_parser, start
 from envace.experiments.config import load_config
+from envace.experiments.stats import paired_gain
 from envace.experiments.train_job import evaluate_real, grpo_pool, real_eval_tasks
 from envace.policy.loading import load_model
 
@@ -34,14 +33,6 @@ def per_task(trajs: list) -> dict[str, float]:
     for t in trajs:
         by_task[t.task_id].append(float(t.reward >= 1.0))
     return {k: sum(v) / len(v) for k, v in by_task.items()}
-
-
-def paired(a: dict[str, float], b: dict[str, float]) -> tuple[float, float]:
-    """Mean of b - a over the tasks both have, and its standard error."""
-    d = [b[k] - a[k] for k in a if k in b]
-    if len(d) < 2:
-        return float("nan"), float("nan")
-    return sum(d) / len(d), statistics.stdev(d) / math.sqrt(len(d))
 
 
 def main() -> None:
@@ -74,7 +65,7 @@ def main() -> None:
         if first is None:
             first, diff = scores, "-"
         else:
-            d, se = paired(first, scores)
+            d, se, _ = paired_gain(first, scores)
             diff = f"{d:+.3f} ({se:.3f})"
         print(f"| {label} | {metrics['eval/success']:.3f} | {metrics['eval/tasks_solved']:.3f} | "
               f"{metrics['eval/reward']:.3f} | {diff} | {seconds:.0f} |", flush=True)

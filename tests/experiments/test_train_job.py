@@ -178,6 +178,10 @@ def test_rl_pool_keeps_grpo_on_the_same_few_tasks_and_the_eval_can_run_on_them(t
     # and the report does not call them held-out
     summary = (run.path / "summary.md").read_text()
     assert "## Real-world evaluation (the trained tasks (GRPO pool), greedy)" in summary and "held-out" not in summary
+    # with the gain between the first and the last eval, paired over those tasks
+    succ = {s: {t["task_id"]: float(t["reward"] >= 1.0) for t in evals if t["step"] == s} for s in (0, 3)}
+    gain = sum(succ[3][k] - succ[0][k] for k in succ[0]) / 3
+    assert f"Success gain from step 0 to step 3: **{gain:+.3f}**" in summary and "over 3 tasks" in summary
 
 
 def test_a_data_vocabulary_run_trains_resumes_warm_starts_others_and_its_checkpoint_evaluates(tmp_path):

@@ -36,3 +36,16 @@ def test_paired_difference():
     assert d == pytest.approx(0.375) and lo <= d <= hi
     with pytest.raises(ValueError):
         paired_bootstrap_diff([1], [1, 0])
+
+
+def test_paired_gain_by_hand():
+    from envace.experiments.stats import paired_gain
+
+    # gains 1, 0, -0.5 on the three shared tasks ("d" has no "after"): mean 1/6, sample sd
+    # sqrt(((5/6)^2 + (1/6)^2 + (2/3)^2) / 2) = sqrt(7/12), s.e. sqrt(7/12) / sqrt(3)
+    before = {"a": 0.0, "b": 0.5, "c": 1.0, "d": 1.0}
+    after = {"a": 1.0, "b": 0.5, "c": 0.5}
+    mean, se, n = paired_gain(before, after)
+    assert n == 3 and mean == pytest.approx(1 / 6) and se == pytest.approx(math.sqrt(7 / 12) / math.sqrt(3))
+    assert paired_gain({"a": 0.0}, {"a": 1.0})[:1] == (1.0,) and math.isnan(paired_gain({"a": 0.0}, {"a": 1.0})[1])
+    assert paired_gain({}, {"a": 1.0})[2] == 0

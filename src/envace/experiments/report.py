@@ -5,7 +5,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from envace.core.jsonl import read_jsonl_dicts
 from envace.experiments.rundir import RunDir
+from envace.experiments.stats import paired_gain
 
 
 _EVAL_SETS = {"test": "held-out tasks", "pool": "the trained tasks (GRPO pool)", "train": "train-split tasks"}
@@ -19,6 +21,28 @@ def eval_set(cfg: dict) -> str:
     split, samples, temperature = ev.get("split", "test"), ev.get("samples") or 1, ev.get("temperature") or 0.0
     how = "greedy" if temperature == 0 else f"{samples} episode{'s' if samples > 1 else ''} each at T={temperature:g}"
     return f"{_EVAL_SETS.get(split, f'{split} tasks')}, {how}"
+
+
+def eval_task_success(run: RunDir) -> dict[int, dict[str, float]]:
+    """Eval step -> task id -> mean success of that task's real-world eval episodes (evals.jsonl)."""
+    path = run.path / "evals.jsonl"
+    hits: dict[int, dict[str, list[float]]] = {}
+    if path.is_file():
+        for row in read_jsonl_dicts(path):
+            hits.setdefault(row["step"], {}).setdefault(row["task_id"], []).append(float(row["reward"] >= 1.0))
+    return {step: {t: sum(v) / len(v) for t, v in tasks.items()} for step, tasks in hits.items()}
+
+
+def eval_gain(run: RunDir, first: int | None = None, last: int | None = None) -> tuple[int, int, float, float, int]:
+    """(first step, last step, mean gain, paired standard error, tasks) of a run's real-world eval
+    success between two eval steps (default: its first and last); ValueError when it lacks them."""
+    by_step = eval_task_success(run)
+    first = min(by_step, default=None) if first is None else first
+    last = max(by_step, default=None) if last is None else last
+    for step in (first, last):
+        if step not in by_step:
+            raise ValueError(f"{run.path}: no real-world eval at step {step} in evals.jsonl (have {sorted(by_step)})")
+    return (first, last, *paired_gain(by_step[first], by_step[last]))
 
 
 def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-world success") -> Path:
@@ -86,6 +110,10 @@ def write_train_report(run: RunDir) -> Path:
         lines += [f"| {r['step']} | {r['eval/success']:.3f} | {r.get('eval/tasks_solved', float('nan')):.3f} | "
                   f"{r['eval/reward']:.3f} | {r['eval/tool_calls']:.2f} | {r['eval/parse_failures']:.2f} |" for r in ev]
         lines.append("")
+        if len(ev) > 1 and (run.path / "evals.jsonl").is_file():
+            first, last, gain, se, n = eval_gain(run)
+            lines += [f"Success gain from step {first} to step {last}: **{gain:+.3f}** (paired standard error "
+                      f"{se:.3f} over {n} tasks; under about two standard errors a gain may be noise).", ""]
     if tr:
         secs = sum(r["step_s"] for r in tr)
         lines += ["## Training", "", f"{len(tr)} steps in {secs:.0f} s "
