@@ -16,12 +16,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from envace.experiments.report import plot_learning_curve, write_report
+    from envace.experiments.report import plot_learning_curve, run_labels, write_report
 
     runs = [RunDir.open(r) for r in args.runs]
     for run in runs:
         print(f"wrote {write_report(run)}")
     if args.compare:
-        labels = {f"{r.config().get('source', '?')} ({r.path.name})": r for r in runs}
-        print(f"wrote {plot_learning_curve(labels, Path(args.compare))}")
+        print(f"wrote {plot_learning_curve(run_labels(runs), Path(args.compare))}")
     return 0

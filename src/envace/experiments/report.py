@@ -45,6 +45,15 @@ def eval_gain(run: RunDir, first: int | None = None, last: int | None = None) ->
     return (first, last, *paired_gain(by_step[first], by_step[last]))
 
 
+def run_labels(runs: list[RunDir]) -> dict[str, RunDir]:
+    """Legend labels for a comparison: each run's source, with its seed where the runs' seeds
+    differ, and its directory name only where that still leaves two runs the same."""
+    cfgs = [r.config() for r in runs]
+    seeds = len({c.get("seed") for c in cfgs}) > 1
+    labels = [f"{c.get('source', '?')}" + (f", seed {c.get('seed')}" if seeds else "") for c in cfgs]
+    return {(f"{lab} ({r.path.name})" if labels.count(lab) > 1 else lab): r for lab, r in zip(labels, runs)}
+
+
 def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-world success") -> Path:
     """Eval success vs step for one or more runs (one line each), train reward dashed."""
     import matplotlib
