@@ -31,7 +31,7 @@ def per_task(trajs: list) -> dict[str, float]:
     """Mean success of each task's episodes."""
     by_task: dict[str, list[float]] = defaultdict(list)
     for t in trajs:
-        by_task[t.task_id].append(float(t.reward >= 1.0))
+        by_task[t.task_id].append(float(t.solved))
     return {k: sum(v) / len(v) for k, v in by_task.items()}
 
 

@@ -132,6 +132,11 @@ class Verdict(_Strict):
     detail: str = ""
 
 
+def solved(reward: float) -> bool:
+    """A task counts as solved when its checklist reward is full: 1.0 means every item met."""
+    return reward >= 1.0
+
+
 class Trajectory(_Strict):
     task_id: str
     source: Source
@@ -145,6 +150,10 @@ class Trajectory(_Strict):
     parse_failures: int = 0
     sim_format_failures: int = 0  # rehearsed/simulated responses that were not JSON in the tags
     timings: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def solved(self) -> bool:
+        return solved(self.reward)
 
     @property
     def final_answer(self) -> str:

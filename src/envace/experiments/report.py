@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 from envace.core.jsonl import read_jsonl_dicts
+from envace.core.types import solved
 from envace.experiments.rundir import RunDir
 from envace.experiments.stats import paired_gain
 
@@ -29,7 +30,7 @@ def eval_task_success(run: RunDir) -> dict[int, dict[str, float]]:
     hits: dict[int, dict[str, list[float]]] = {}
     if path.is_file():
         for row in read_jsonl_dicts(path):
-            hits.setdefault(row["step"], {}).setdefault(row["task_id"], []).append(float(row["reward"] >= 1.0))
+            hits.setdefault(row["step"], {}).setdefault(row["task_id"], []).append(float(solved(row["reward"])))
     return {step: {t: sum(v) / len(v) for t, v in tasks.items()} for step, tasks in hits.items()}
 
 

@@ -15,7 +15,7 @@ def summarize(trajectories: list[Trajectory], tokens_per_second: float | None = 
     out: dict[str, Any] = {
         "tasks": len({t.task_id for t in trajectories}),
         "episodes": n,
-        "success_rate": sum(t.reward >= 1.0 for t in trajectories) / n,
+        "success_rate": sum(t.solved for t in trajectories) / n,
         "mean_reward": sum(t.reward for t in trajectories) / n,
         "turns": sum(turns) / n,
         "tool_calls": sum(t.tool_calls for t in trajectories) / n,

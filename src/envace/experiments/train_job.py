@@ -130,8 +130,8 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
         trajs, _ = run_episodes(mine, actor, RealSource(), RolloutConfig(group_size=k, max_turns=cfg.rollout.max_turns))
     trajs = _in_task_order(dist.gather_trajectories(accelerator, trajs), tasks, accelerator)
     n = len(trajs)
-    solved = {t.task_id for t in trajs if t.reward >= 1.0}
-    return {"eval/success": sum(t.reward >= 1.0 for t in trajs) / n,
+    solved = {t.task_id for t in trajs if t.solved}
+    return {"eval/success": sum(t.solved for t in trajs) / n,
             "eval/tasks_solved": len(solved) / len({t.task_id for t in trajs}),
             "eval/reward": sum(t.reward for t in trajs) / n,
             "eval/tool_calls": sum(t.tool_calls for t in trajs) / n,
@@ -387,7 +387,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         rolled = dist.gather_objects(acc, [(tok_s, t_roll)])
         trajs = _in_task_order(dist.gather_trajectories(acc, trajs), all_tasks, acc)
         row: dict[str, Any] = {"phase": "train", "step": step, "reward": sum(t.reward for t in trajs) / len(trajs),
-                               "success": sum(t.reward >= 1.0 for t in trajs) / len(trajs),
+                               "success": sum(t.solved for t in trajs) / len(trajs),
                                "tool_calls": sum(t.tool_calls for t in trajs) / len(trajs),
                                "parse_failures": sum(t.parse_failures for t in trajs) / len(trajs),
                                "sim_format_failures": sum(t.sim_format_failures for t in trajs) / len(trajs),

@@ -262,7 +262,7 @@ class TaskOutcome:
 
     @property
     def success(self) -> bool:
-        return self.trajectory.reward >= 1.0
+        return self.trajectory.solved
 
     @property
     def tokens(self) -> int:
