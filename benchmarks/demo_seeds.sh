@@ -29,9 +29,6 @@ for s in $SEEDS; do
   if [ "${PARALLEL:-0}" = 1 ]; then one_seed "$s" & pids+=($!); else one_seed "$s"; fi
 done
 for p in "${pids[@]}"; do wait "$p"; done
-here=$(dirname "$0")
-: > "$OUT/gains.md"
-for src in rehearsal $BASELINES; do
-  echo "## $src" | tee -a "$OUT/gains.md"
-  python "$here/eval_gain.py" "$OUT/$src"-s*/train-* | tee -a "$OUT/gains.md"
-done
+runs=()
+for src in rehearsal $BASELINES; do runs+=("$OUT/$src"-s*/train-*); done
+python "$(dirname "$0")/eval_gain.py" "${runs[@]}" --plot "$OUT/by_source.png" | tee "$OUT/gains.md"

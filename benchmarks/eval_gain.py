@@ -2,11 +2,14 @@
 
 Reads the eval episodes the runs already saved (``evals.jsonl``), so nothing is re-run: for each
 run, success at its first and last eval step (or ``--from``/``--to``), the gain averaged over tasks
-with its paired standard error, and for several runs the gain over all their tasks together. The
-pooled figure treats the runs' tasks as independent: pool runs on different task sets (e.g. the
-demo with ``--set seed=0|1|2``), not two runs on the same pool.
+with its paired standard error, and for several runs of one training source the gain over all
+their tasks together. The pooled figure treats the runs' tasks as independent: pool runs on
+different task sets (e.g. the demo with ``--set seed=0|1|2``), not two runs on the same pool.
 
     python benchmarks/eval_gain.py runs/demo-s0/train-* runs/demo-s1/train-* runs/demo-s2/train-*
+
+``--plot PNG`` draws, per training source among the runs, the success over all their tasks at
+each eval step, with the paired standard error of the gain since the first step as error bars.
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", type=Path, help="training run directories")
     p.add_argument("--from", dest="first", type=int, help="eval step to start from (default: each run's first)")
     p.add_argument("--to", dest="last", type=int, help="eval step to compare (default: each run's last)")
+    p.add_argument("--plot", type=Path, metavar="PNG", help="success by step per source, the runs pooled")
     args = p.parse_args(argv)
     lines = ["| run | tasks | start | end | gain (paired s.e.) |", "|---|---|---|---|---|"]
-    before: dict[tuple[str, str], float] = {}
-    after: dict[tuple[str, str], float] = {}
+    # pooled per training source: a run and its baseline share their tasks, so never pool across
+    before: dict[str, dict[tuple[str, str], float]] = {}
+    after: dict[str, dict[tuple[str, str], float]] = {}
+    runs_of: dict[str, int] = {}
     for path in args.runs:
         try:
             run = RunDir.open(path)
@@ -36,16 +42,51 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
         by_step = eval_task_success(run)
         a, b = by_step[first], by_step[last]
-        before.update({(str(path), t): v for t, v in a.items()})
-        after.update({(str(path), t): v for t, v in b.items()})
+        source = run.config().get("source", "?")
+        runs_of[source] = runs_of.get(source, 0) + 1
+        before.setdefault(source, {}).update({(str(path), t): v for t, v in a.items()})
+        after.setdefault(source, {}).update({(str(path), t): v for t, v in b.items()})
         lines.append(f"| {path} | {n} | {sum(a.values()) / len(a):.3f} (step {first}) | "
                      f"{sum(b.values()) / len(b):.3f} (step {last}) | {gain:+.3f} ({se:.3f}) |")
-    if len(args.runs) > 1:
-        gain, se, n = paired_gain(before, after)
-        lines.append(f"| pooled | {n} | {sum(before.values()) / len(before):.3f} | "
-                     f"{sum(after.values()) / len(after):.3f} | {gain:+.3f} ({se:.3f}) |")
+    for source, count in runs_of.items():
+        if count > 1:
+            a, b = before[source], after[source]
+            gain, se, n = paired_gain(a, b)
+            lines.append(f"| pooled {source} | {n} | {sum(a.values()) / len(a):.3f} | "
+                         f"{sum(b.values()) / len(b):.3f} | {gain:+.3f} ({se:.3f}) |")
     print("\n".join(lines))
+    if args.plot:
+        print(f"wrote {plot_by_source([RunDir.open(r) for r in args.runs], args.plot)}")
     return 0
+
+
+def plot_by_source(runs: list[RunDir], path: Path) -> Path:
+    """Pooled success per source at the eval steps all of that source's runs share."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[RunDir]] = {}
+    for run in runs:
+        groups.setdefault(run.config().get("source", "?"), []).append(run)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for source, members in groups.items():
+        by_run = [eval_task_success(r) for r in members]
+        steps = sorted(set.intersection(*(set(b) for b in by_run)))
+        pooled = {s: {(i, t): v for i, b in enumerate(by_run) for t, v in b[s].items()} for s in steps}
+        means = [sum(pooled[s].values()) / len(pooled[s]) for s in steps]
+        errs = [0.0 if s == steps[0] else paired_gain(pooled[steps[0]], pooled[s])[1] for s in steps]
+        n = len(pooled[steps[0]])
+        ax.errorbar(steps, means, yerr=errs, marker="o", capsize=3,
+                    label=f"{source} ({len(members)} run{'s' if len(members) > 1 else ''}, {n} tasks)")
+    ax.set_xlabel("step"), ax.set_ylabel("real-world success (runs pooled)")
+    ax.set_title("error bars: paired s.e. of the gain since the first eval", fontsize=9)
+    ax.grid(alpha=0.3), ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":
