@@ -12,7 +12,8 @@ whether a difference is more than noise.
 
 The tasks are the config's eval tasks (``eval.split``; with ``--set rl_pool=16 --set
 eval.split=pool``, the GRPO pool a fit check trains on). ``--temperature 0 --samples 1`` gives
-the greedy eval of a training run. Every checkpoint runs with the same seed, so the episodes of two checkpoints share their random stream.
+the greedy eval of a training run. Every checkpoint runs with the same seed, so the episodes of
+two checkpoints share their random stream.
 """
 
 from __future__ import annotations

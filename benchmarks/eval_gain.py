@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from envace.experiments.report import eval_gain, eval_task_success
+from envace.experiments.report import eval_steps, eval_task_success
 from envace.experiments.rundir import RunDir
 from envace.experiments.stats import paired_gain
 
@@ -33,53 +33,50 @@ def main(argv: list[str] | None = None) -> int:
     # pooled per training source: a run and its baseline share their tasks, so never pool across
     before: dict[str, dict[tuple[str, str], float]] = {}
     after: dict[str, dict[tuple[str, str], float]] = {}
-    runs_of: dict[str, int] = {}
+    runs_of: dict[str, list[dict[int, dict[str, float]]]] = {}  # source -> each run's eval_task_success
     for path in args.runs:
         try:
             run = RunDir.open(path)
-            first, last, gain, se, n = eval_gain(run, args.first, args.last)
+            by_step = eval_task_success(run)
+            first, last = eval_steps(run, by_step, args.first, args.last)
         except (FileNotFoundError, ValueError) as e:
             p.error(str(e))
-        by_step = eval_task_success(run)
         a, b = by_step[first], by_step[last]
+        gain, se, n = paired_gain(a, b)
         source = run.config().get("source", "?")
-        runs_of[source] = runs_of.get(source, 0) + 1
+        runs_of.setdefault(source, []).append(by_step)
         before.setdefault(source, {}).update({(str(path), t): v for t, v in a.items()})
         after.setdefault(source, {}).update({(str(path), t): v for t, v in b.items()})
         lines.append(f"| {path} | {n} | {sum(a.values()) / len(a):.3f} (step {first}) | "
                      f"{sum(b.values()) / len(b):.3f} (step {last}) | {gain:+.3f} ({se:.3f}) |")
-    for source, count in runs_of.items():
-        if count > 1:
+    for source, members in runs_of.items():
+        if len(members) > 1:
             a, b = before[source], after[source]
             gain, se, n = paired_gain(a, b)
             lines.append(f"| pooled {source} | {n} | {sum(a.values()) / len(a):.3f} | "
                          f"{sum(b.values()) / len(b):.3f} | {gain:+.3f} ({se:.3f}) |")
     print("\n".join(lines))
     if args.plot:
-        print(f"wrote {plot_by_source([RunDir.open(r) for r in args.runs], args.plot)}")
+        print(f"wrote {plot_by_source(runs_of, args.plot)}")
     return 0
 
 
-def plot_by_source(runs: list[RunDir], path: Path) -> Path:
-    """Pooled success per source at the eval steps all of that source's runs share."""
+def plot_by_source(runs_of: dict[str, list[dict[int, dict[str, float]]]], path: Path) -> Path:
+    """Pooled success per source (its runs' eval_task_success) at the eval steps they all share."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups: dict[str, list[RunDir]] = {}
-    for run in runs:
-        groups.setdefault(run.config().get("source", "?"), []).append(run)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for source, members in groups.items():
-        by_run = [eval_task_success(r) for r in members]
+    for source, by_run in runs_of.items():
         steps = sorted(set.intersection(*(set(b) for b in by_run)))
         pooled = {s: {(i, t): v for i, b in enumerate(by_run) for t, v in b[s].items()} for s in steps}
         means = [sum(pooled[s].values()) / len(pooled[s]) for s in steps]
         errs = [0.0 if s == steps[0] else paired_gain(pooled[steps[0]], pooled[s])[1] for s in steps]
         n = len(pooled[steps[0]])
         ax.errorbar(steps, means, yerr=errs, marker="o", capsize=3,
-                    label=f"{source} ({len(members)} run{'s' if len(members) > 1 else ''}, {n} tasks)")
+                    label=f"{source} ({len(by_run)} run{'s' if len(by_run) > 1 else ''}, {n} tasks)")
     ax.set_xlabel("step"), ax.set_ylabel("real-world success (runs pooled)")
     ax.set_title("error bars: paired s.e. of the gain since the first eval", fontsize=9)
     ax.grid(alpha=0.3), ax.legend(fontsize=8)

@@ -34,16 +34,16 @@ def eval_task_success(run: RunDir) -> dict[int, dict[str, float]]:
     return {step: {t: sum(v) / len(v) for t, v in tasks.items()} for step, tasks in hits.items()}
 
 
-def eval_gain(run: RunDir, first: int | None = None, last: int | None = None) -> tuple[int, int, float, float, int]:
-    """(first step, last step, mean gain, paired standard error, tasks) of a run's real-world eval
-    success between two eval steps (default: its first and last); ValueError when it lacks them."""
-    by_step = eval_task_success(run)
+def eval_steps(run: RunDir, by_step: dict[int, dict[str, float]], first: int | None = None,
+               last: int | None = None) -> tuple[int, int]:
+    """The two eval steps to compare (default: the run's first and last), checked against
+    ``by_step`` (its :func:`eval_task_success`); ValueError naming the run when it lacks one."""
     first = min(by_step, default=None) if first is None else first
     last = max(by_step, default=None) if last is None else last
     for step in (first, last):
         if step not in by_step:
             raise ValueError(f"{run.path}: no real-world eval at step {step} in evals.jsonl (have {sorted(by_step)})")
-    return (first, last, *paired_gain(by_step[first], by_step[last]))
+    return first, last
 
 
 def run_labels(runs: list[RunDir]) -> dict[str, RunDir]:
@@ -121,7 +121,9 @@ def write_train_report(run: RunDir) -> Path:
                   f"{r['eval/reward']:.3f} | {r['eval/tool_calls']:.2f} | {r['eval/parse_failures']:.2f} |" for r in ev]
         lines.append("")
         if len(ev) > 1 and (run.path / "evals.jsonl").is_file():
-            first, last, gain, se, n = eval_gain(run)
+            by_step = eval_task_success(run)
+            first, last = eval_steps(run, by_step)
+            gain, se, n = paired_gain(by_step[first], by_step[last])
             lines += [f"Success gain from step {first} to step {last}: **{gain:+.3f}** (paired standard error "
                       f"{se:.3f} over {n} tasks; under about two standard errors a gain may be noise).", ""]
     if tr:
