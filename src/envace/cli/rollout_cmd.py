@@ -9,9 +9,13 @@ from envace.experiments.rollout_job import RolloutJob, run_rollout_job
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rollout", help="run episodes against a response source (real | rehearsal | simulator)")
-    p.add_argument("--world", default="shop", help="embedded world(s): shop, calendar, bank, comma list or 'all'")
+    p.add_argument("--world", default=None,
+                   help="embedded world(s) to generate tasks from: shop (default), calendar, bank, comma list or "
+                        "'all'; with --task-file: the real environment of tasks that name none (a registered "
+                        "name, package.module:Name, path/to/tools.py:Class, mcp:COMMAND, http(s)://.../mcp)")
     p.add_argument("--task-file", default=None, help="a JSONL task file instead of an embedded world")
-    p.add_argument("--split", default="test", choices=["train", "test", "all"])
+    p.add_argument("--split", default=None, choices=["train", "test", "all"],
+                   help="default: test for embedded worlds, all for a task file")
     p.add_argument("--tasks", type=int, default=4, help="number of tasks")
     p.add_argument("--source", default="real", choices=["real", "rehearsal", "simulator"])
     p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF model/adapter dir")

@@ -25,6 +25,29 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="YAML config (see configs/)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set steps=5 --set grpo.lr=1e-5")
+    p.add_argument("--tasks-file", "--task-file", dest="tasks_file", default=None,
+                   help="your JSONL task file (docs/tasks.md) instead of the embedded worlds' generated tasks")
+    p.add_argument("--world", default=None,
+                   help="the real environment of your tasks: package.module:Name, path/to/tools.py:Class, "
+                        "mcp:COMMAND, http(s)://.../mcp, or a registered name. Without one, schema-only tasks "
+                        "train by rehearsal and are evaluated by rehearsal")
+    p.add_argument("--model", default=None, help="smollm2 | tiny | a local HF model dir (config: model)")
+    p.add_argument("--judge-model", default=None, help="local model judging `judge` checklist items")
+    p.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint (…/v1) judging `judge` items")
+
+
+def _values(args: argparse.Namespace) -> dict:
+    """Command-line settings, set as given (not YAML-parsed: a spec like mcp:python s.py stays whole)."""
+    values: dict = {}
+    if args.tasks_file:
+        values["task_file"] = args.tasks_file
+    if args.world:
+        values["world"] = args.world
+    if args.model:
+        values["model"] = args.model
+    if args.judge_model or args.judge_url:
+        values["judge"] = {k: v for k, v in (("model", args.judge_model), ("url", args.judge_url)) if v}
+    return values
 
 
 def _config(args: argparse.Namespace):
@@ -36,8 +59,8 @@ def _config(args: argparse.Namespace):
         base = RunDir.open(args.resume).config()
         from envace.experiments.config import apply_overrides
 
-        return parse_config(apply_overrides(base, overrides), f"{args.resume}/config.yaml")
-    return load_config(args.config, overrides)
+        return parse_config({**apply_overrides(base, overrides), **_values(args)}, f"{args.resume}/config.yaml")
+    return load_config(args.config, overrides, values=_values(args))
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -67,8 +67,17 @@ class Example(_Strict):
 
 
 class EnvRef(_Strict):
-    world: str
+    """Which real environment a task runs in, and how to start it for an episode.
+
+    ``world``: a registered world (``shop``), an import path (``pkg.module:Name`` or
+    ``path/to/tools.py:Name``), or an MCP server (``mcp:COMMAND ...`` / ``http://.../mcp``); None
+    means the run's ``--world``. ``seed`` builds an embedded SQLite world; ``args`` go to a Python
+    tool class's ``reset(**args)`` or an MCP server's reset tool.
+    """
+
+    world: str | None = None
     seed: int = 0
+    args: dict[str, Any] = Field(default_factory=dict)
 
 
 class Reference(_Strict):
@@ -82,7 +91,8 @@ class Task(_Strict):
     id: str = Field(min_length=1)
     domain: str = ""
     instruction: str = Field(min_length=1)
-    tools: list[ToolSpec]
+    # Empty: the tools come from the run's real world (a Python tool set or an MCP server's listing).
+    tools: list[ToolSpec] = Field(default_factory=list)
     checklist: list[ChecklistItem] = Field(default_factory=list)
     examples: list[Example] = Field(default_factory=list)
     env: EnvRef | None = None

@@ -122,12 +122,31 @@ class BenchTrainConfig(_Section):
     max_user_turns: int = Field(30, ge=1)
 
 
+class JudgeConfig(_Section):
+    """The LLM judge of ``judge`` checklist items, in training reward and evaluation."""
+    model: str | None = Field(None, description="a local model (smollm2, tiny, a HF dir); default: the policy "
+                              "when no url is given")
+    url: str | None = Field(None, description="an OpenAI-compatible endpoint (…/v1), asked by chat completions")
+    served_model: str | None = Field(None, description="the model name the endpoint serves (default: its first)")
+    api_key_env: str = Field("ENVACE_API_KEY", description="environment variable holding the endpoint's key")
+    timeout_s: float = Field(60.0, gt=0)
+    retries: int = Field(2, ge=0)
+    max_new_tokens: int = Field(24, ge=1)
+
+
 class TrainConfig(_Section):
     model: str = "smollm2"
     sim_model: str | None = Field(None, description="frozen simulator for source=simulator (default: the start model)")
     seed: int = 0
     worlds: list[str] = Field(default_factory=lambda: ["shop", "calendar", "bank"])
     task_file: str | None = None
+    world: str | dict[str, Any] | None = Field(
+        None, description="the real environment of task-file tasks whose env names none: a registered name, "
+        "package.module:Name or path/to/tools.py[:Class], mcp:COMMAND, an http(s) MCP URL, or a mapping of "
+        "MCP settings (command/url, timeout_s, reset_tool, ...). Without one, schema-only tasks train by "
+        "rehearsal and the eval is rehearsal-judged")
+    judge: JudgeConfig | None = Field(None, description="LLM judge for `judge` checklist items (none: they are "
+                                      "not judged and do not count)")
     difficulties: list[int] | None = Field(None, description="task difficulty levels to use (default: all)")
     tool_distractors: int | None = Field(None, ge=0, description="show only needed tools + N others (default: all tools)")
     tasks_per_world: int = Field(300, ge=1, description="generated tasks per embedded world (ids 0..N-1, both splits)")
@@ -207,7 +226,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+def load_config(path: str | Path | None, overrides: list[str] | None = None,
+                values: dict[str, Any] | None = None) -> TrainConfig:
+    """``overrides``: ``key=value`` strings (YAML values); ``values``: top-level settings as given
+    (command-line flags), applied last."""
     data: dict[str, Any] = {}
     origin = "<defaults>"
     if path is not None:
@@ -221,4 +243,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of settings")
         origin = str(path)
-    return parse_config(apply_overrides(data, overrides or []), origin)
+    data = apply_overrides(data, overrides or [])
+    for key, value in (values or {}).items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return parse_config(data, origin)

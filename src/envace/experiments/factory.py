@@ -36,10 +36,11 @@ def make_actor(backend: Any, gen: GenerationSettings, seed: int | None) -> Polic
 
 
 def make_source(name: str, policy: Any, gen: GenerationSettings, seed: int | None,
-                simulator: Any | None = None) -> ResponseSource:
-    """``rehearsal`` uses the policy itself; ``simulator`` a separate frozen backend."""
+                simulator: Any | None = None, world: Any = None) -> ResponseSource:
+    """``rehearsal`` uses the policy itself; ``simulator`` a separate frozen backend; ``real``
+    each task's own world, else ``world`` (the run's --world). Close a real source when done."""
     if name == "real":
-        return RealSource()
+        return RealSource(world)
     if name not in SOURCES:
         raise ValueError(f"unknown source {name!r}; choose one of {SOURCES}")
     backend = policy if name == "rehearsal" else simulator
@@ -50,3 +51,22 @@ def make_source(name: str, policy: Any, gen: GenerationSettings, seed: int | Non
                        temperature=gen.temperature if gen.simulator_temperature is None else gen.simulator_temperature,
                        top_p=gen.top_p,
                        seed=None if seed is None else seed + 104729)
+
+
+def make_judge(cfg: Any, policy: Any | None = None) -> Any:
+    """The judge of ``judge`` checklist items from a config's ``judge:`` section (None: no judge):
+    an OpenAI-compatible endpoint (``url``), a local model (``model``), or else the policy."""
+    from envace.reward.judge import ChatJudge, ModelJudge
+
+    if cfg is None:
+        return None
+    if cfg.url:
+        from envace.policy.http_backend import HTTPBackend
+
+        client = HTTPBackend(cfg.url, model=cfg.served_model, api_key_env=cfg.api_key_env, timeout=cfg.timeout_s,
+                             max_retries=cfg.retries, server_extras=False)
+        return ChatJudge(client, max_new_tokens=cfg.max_new_tokens)
+    backend = load_backend(cfg.model) if cfg.model else policy
+    if backend is None:
+        raise ValueError("judge: give a model or a url (no policy to judge with here)")
+    return ModelJudge(backend, max_new_tokens=cfg.max_new_tokens)

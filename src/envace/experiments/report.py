@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import textwrap
 from pathlib import Path
 
@@ -96,6 +98,12 @@ def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-
     return path
 
 
+def _world_label(world: Any) -> str:
+    if isinstance(world, dict):
+        return world.get("url") or "mcp:" + " ".join(world.get("command") or [])
+    return "none" if world is None else str(world)
+
+
 def write_train_report(run: RunDir) -> Path:
     rows = run.metrics()
     cfg = run.config()
@@ -106,14 +114,22 @@ def write_train_report(run: RunDir) -> Path:
     lines = [f"# Training run `{run.path.name}`", "",
              f"model `{cfg.get('model')}`, source `{cfg.get('source')}`, mode `{cfg.get('mode')}`, "
              f"{cfg.get('steps')} steps x {cfg.get('tasks_per_step')} tasks x G={cfg.get('group_size')}, "
-             f"worlds {cfg.get('worlds')}, seed {cfg.get('seed')}", ""]
+             + (f"tasks `{cfg.get('task_file')}`, real world `{_world_label(cfg.get('world'))}`" if cfg.get("task_file")
+              else f"worlds {cfg.get('worlds')}") + f", seed {cfg.get('seed')}", ""]
     if sft:
         s = sft[-1]
         lines.append(f"SFT warm start: {s['sft/samples']} samples, loss {s['sft/first_loss']:.3f} -> "
                      f"{s['sft/last_loss']:.3f} in {s['sft/seconds']:.0f} s")
         lines.append("")
     if ev:
-        lines += [f"## Real-world evaluation ({eval_set(cfg)})", "",
+        if ev[-1].get("eval_kind") == "rehearsal":
+            lines += ["## Rehearsal-judged evaluation (no real environment)", "",
+                      "No real environment was given, so the policy answered its own tool calls and success counts "
+                      "only what a trajectory shows (called / answer_contains / judge items). It is not real-world "
+                      f"success ({eval_set(cfg)}).", ""]
+        else:
+            lines += [f"## Real-world evaluation ({eval_set(cfg)})", ""]
+        lines += [
                   "| step | success | tasks solved (any episode) | mean reward | tool calls | parse failures |",
                   "|---|---|---|---|---|---|"]
         # runs from before eval.samples have no tasks_solved column

@@ -13,9 +13,9 @@ from envace.rollout.engine import RolloutConfig, run_episodes
 
 @dataclass
 class RolloutJob:
-    world: str = "shop"
+    world: str | None = None  # embedded world(s); with task_file: the real environment spec
     task_file: str | None = None
-    split: str = "test"
+    split: str | None = None
     tasks: int = 4
     source: str = "real"
     model: str = "smollm2"
@@ -32,7 +32,10 @@ class RolloutJob:
 def run_rollout_job(job: RolloutJob) -> RunDir:
     if job.tasks < 1 or job.group_size < 1 or job.max_turns < 1:
         raise ValueError("--tasks, --group-size and --max-turns must be >= 1")
-    tasks = select_tasks(job.world, job.split, job.tasks, job.task_file)
+    split = job.split or ("all" if job.task_file else "test")
+    real_world = job.world if job.task_file else None
+    tasks = select_tasks(None if job.task_file else (job.world or "shop"), split, job.tasks, job.task_file,
+                         real_world=real_world)
     run = RunDir.create(job.out, "rollout", asdict(job), seed=job.seed)
     print(f"run directory: {run.path}")
     gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.max_new_tokens,
@@ -41,11 +44,16 @@ def run_rollout_job(job: RolloutJob) -> RunDir:
     simulator = None
     if job.source == "simulator":
         simulator = load_backend(job.sim_model or job.model, job.max_batch)
-    source = make_source(job.source, policy, gen, job.seed, simulator=simulator)
-    trajs, stats = run_episodes(tasks, make_actor(policy, gen, job.seed), source,
-                                RolloutConfig(group_size=job.group_size, max_turns=job.max_turns))
+    source = make_source(job.source, policy, gen, job.seed, simulator=simulator, world=real_world)
+    try:
+        trajs, stats = run_episodes(tasks, make_actor(policy, gen, job.seed), source,
+                                    RolloutConfig(group_size=job.group_size, max_turns=job.max_turns))
+    finally:
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()
     run.add_trajectories(trajs)
     summary = summarize(trajs, stats.tokens_per_second)
-    run.write_text("summary.md", summary_markdown(summary, f"rollout: {job.model} on {job.world} ({job.source})"))
-    print_summary(summary, f"{job.model} on {job.world}/{job.split}, source={job.source}")
+    run.write_text("summary.md", summary_markdown(summary, f"rollout: {job.model} on {job.task_file or job.world} ({job.source})"))
+    print_summary(summary, f"{job.model} on {job.task_file or job.world}/{split}, source={job.source}")
     return run

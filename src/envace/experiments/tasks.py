@@ -3,12 +3,52 @@ task-level settings a config may apply (which difficulties, which tools each pro
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
+from typing import Any
 
 from envace.core.jsonl import load_jsonl
 from envace.core.types import Task
-from envace.envs.registry import world_names
+from envace.envs.registry import resolve_world, spec_label, world_names
+
+# A task file that marks no task's split holds out every HOLDOUT-th task (by a hash of its id) as
+# test, so a run on a user's file never evaluates on the tasks it trained on.
+HOLDOUT = 5
+
+
+def file_split(task: Task, file_has_splits: bool) -> str | None:
+    if task.split is not None or file_has_splits:
+        return task.split
+    return "test" if int(hashlib.sha256(task.id.encode()).hexdigest(), 16) % HOLDOUT == 0 else "train"
+
+
+def with_world_tools(tasks: list[Task], world: Any = None) -> list[Task]:
+    """Tasks that list no tools take the tool listing of their real world (their ``env.world``,
+    else the run's ``world``): a Python tool set's derived schemas, an MCP server's listing."""
+    specs: dict[str, Any] = {}
+    for t in tasks:
+        if not t.tools:
+            spec = t.env.world if t.env is not None and t.env.world else world
+            if spec is None:
+                raise ValueError(f"task {t.id} lists no tools and names no world to take them from "
+                                 "(give its 'tools', its env.world, or the run's --world)")
+            specs.setdefault(spec_label(spec), spec)
+    listings = {}
+    for label, spec in specs.items():
+        provider = resolve_world(spec)
+        try:
+            listings[label] = provider.tools()
+        finally:
+            provider.shutdown()
+    out = []
+    for t in tasks:
+        if t.tools:
+            out.append(t)
+            continue
+        spec = t.env.world if t.env is not None and t.env.world else world
+        out.append(t.model_copy(update={"tools": [x.model_copy(deep=True) for x in listings[spec_label(spec)]]}))
+    return out
 from envace.envs.tasks import load_tasks
 
 
@@ -35,13 +75,16 @@ def restrict_tools(task: Task, distractors: int) -> Task:
 def select_tasks(world: str | None, split: str = "test", limit: int | None = None,
                  task_file: str | Path | None = None, difficulties: list[int] | None = None,
                  tool_distractors: int | None = None, n_examples: int = 3,
-                 grounding: str = "covering", tasks_per_world: int = 300) -> list[Task]:
+                 grounding: str = "covering", tasks_per_world: int = 300, real_world: Any = None) -> list[Task]:
     """Tasks of ``split`` (train | test | all). ``tool_distractors=None`` shows every tool;
-    ``n_examples`` and ``grounding`` set the embedded generator's simulator examples."""
+    ``n_examples`` and ``grounding`` set the embedded generator's simulator examples. File tasks
+    without tools take them from their world (``real_world``: the run's ``--world``)."""
     if task_file is not None:
         tasks = load_jsonl(task_file, Task)
+        has_splits = any(t.split is not None for t in tasks)
         if split in ("train", "test"):
-            tasks = [t for t in tasks if t.split in (None, split)]
+            tasks = [t for t in tasks if file_split(t, has_splits) in (None, split)]
+        tasks = with_world_tools(tasks, real_world)
     else:
         names = world_names() if world in (None, "all") else [w.strip() for w in world.split(",")]
         unknown = [w for w in names if w not in world_names()]
@@ -54,7 +97,8 @@ def select_tasks(world: str | None, split: str = "test", limit: int | None = Non
         tasks = [t for group in zip(*per_world) for t in group]
         tasks += [t for ts in per_world for t in ts[min(map(len, per_world)):]]
     if difficulties is not None and task_file is not None:
-        tasks = [t for t in tasks if t.difficulty in difficulties]
+        # A task without a difficulty is kept: the filter is for files that grade their tasks.
+        tasks = [t for t in tasks if t.difficulty is None or t.difficulty in difficulties]
     if limit is not None:
         tasks = tasks[:limit]
     if not tasks:

@@ -23,7 +23,8 @@ from envace.core.types import Task, Trajectory
 from envace.experiments.bench_train import BenchTaskSet, bench_episodes, bench_task_set
 from envace.experiments.config import TrainConfig
 from envace.experiments.metrics_log import MetricsLog
-from envace.experiments.factory import GenerationSettings, make_actor, make_source
+from envace.envs.registry import spec_label
+from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
 from envace.experiments.models import RunModels, frozen_copy, load_policy, split_for_mode, with_lora
 from envace.experiments.progress import StepProgress
 from envace.experiments.rundir import RunDir
@@ -65,28 +66,51 @@ def generation_settings(cfg: TrainConfig, temperature: float | None = None) -> G
 
 def train_tasks(cfg: TrainConfig) -> list[Task]:
     return select_tasks(",".join(cfg.worlds), "train", None, cfg.task_file, cfg.difficulties, cfg.tool_distractors,
-                        cfg.n_examples, cfg.grounding, cfg.tasks_per_world)
+                        cfg.n_examples, cfg.grounding, cfg.tasks_per_world, real_world=cfg.world)
 
 
 def eval_tasks(cfg: TrainConfig) -> list[Task]:
-    tasks = select_tasks(",".join(cfg.worlds), cfg.eval.split, cfg.eval.tasks, cfg.task_file, cfg.difficulties,
-                         cfg.tool_distractors, cfg.n_examples, cfg.grounding, cfg.tasks_per_world)
-    missing = [t.id for t in tasks if t.env is None]
-    if missing:
-        raise ValueError(f"evaluation needs tasks with a real world ('env'); {len(missing)} have none, e.g. {missing[0]}")
-    return tasks
+    return select_tasks(",".join(cfg.worlds), cfg.eval.split, cfg.eval.tasks, cfg.task_file, cfg.difficulties,
+                        cfg.tool_distractors, cfg.n_examples, cfg.grounding, cfg.tasks_per_world, real_world=cfg.world)
+
+
+def has_real_world(task: Task, cfg: TrainConfig) -> bool:
+    return (task.env is not None and task.env.world is not None) or cfg.world is not None
+
+
+def eval_kind(cfg: TrainConfig, tasks: list[Task]) -> str:
+    """``real``: the eval tasks run in their real environment; ``rehearsal``: none has one (a
+    schema-only task file and no --world), so the policy answers its own calls and success is
+    judged on what a trajectory shows (called / answer_contains / judge items)."""
+    if cfg.bench is not None:
+        return "real"
+    real = [has_real_world(t, cfg) for t in tasks]
+    if all(real):
+        return "real"
+    if not any(real):
+        return "rehearsal"
+    missing = next(t.id for t, r in zip(tasks, real) if not r)
+    raise ValueError(f"{real.count(False)} of the {len(tasks)} eval tasks have no real world (e.g. {missing}) and "
+                     "the others do: give the run a world (--world / world:) or every task its env")
+
+
+def sft_possible(cfg: TrainConfig, tasks: list[Task]) -> bool:
+    """The warm start replays reference solutions in the real world: it needs both."""
+    return cfg.sft.enabled and any(t.reference is not None and t.reference.calls and has_real_world(t, cfg)
+                                   for t in tasks)
 
 
 def sft_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
     """The warm start's tasks: a function of the seed, so ``sft.init_from`` runs agree on them."""
-    return random.Random(cfg.seed).sample(pool, min(cfg.sft.trajectories, len(pool)))
+    usable = [t for t in pool if t.reference is not None and has_real_world(t, cfg)]
+    return random.Random(cfg.seed).sample(usable, min(cfg.sft.trajectories, len(usable)))
 
 
 def rl_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
     """The tasks GRPO draws from: by default the train tasks the warm start did not imitate.
     Measured: a small model re-solves its SFT tasks from memory (train success 0.1-0.4 against
     0.02-0.04 on test), so RL on them rewards recall, not the skill the test split asks for."""
-    if not (cfg.sft.enabled and cfg.rl_fresh_tasks):
+    if not (sft_possible(cfg, pool) and cfg.rl_fresh_tasks):
         return pool
     seen = {t.id for t in sft_tasks(cfg, pool)}
     fresh = [t for t in pool if t.id not in seen]
@@ -115,10 +139,11 @@ def step_tasks(pool: list[Task], cfg: TrainConfig, step: int) -> list[Task]:
 
 
 def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: TrainConfig,
-                  accelerator: Any | None = None, bench: BenchTaskSet | None = None
-                  ) -> tuple[dict[str, float], list[Trajectory]]:
+                  accelerator: Any | None = None, bench: BenchTaskSet | None = None, judge: Any = None,
+                  kind: str = "real") -> tuple[dict[str, float], list[Trajectory]]:
     """Success on held-out tasks with the real world answering, whatever the training source
-    (with ``bench``: the benchmark's entries, environment and scorer).
+    (with ``bench``: the benchmark's entries, environment and scorer). ``kind="rehearsal"``:
+    no real world exists, the policy rehearses the responses (nothing is recorded for training).
     On several processes each rank runs its share of the tasks; every rank gets all of them."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
     backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch)
@@ -127,7 +152,17 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
     if bench is not None:
         trajs, _ = bench_episodes(bench, mine, actor, None, backend, cfg.seed, group_size=k)
     else:
-        trajs, _ = run_episodes(mine, actor, RealSource(), RolloutConfig(group_size=k, max_turns=cfg.rollout.max_turns))
+        if kind == "real":
+            source: Any = RealSource(cfg.world)
+        else:
+            source = make_source("rehearsal", backend, gen, cfg.seed)
+            source.record_samples = False
+        try:
+            trajs, _ = run_episodes(mine, actor, source, RolloutConfig(group_size=k, max_turns=cfg.rollout.max_turns),
+                                    judge=judge)
+        finally:
+            if isinstance(source, RealSource):
+                source.close()
     trajs = _in_task_order(dist.gather_trajectories(accelerator, trajs), tasks, accelerator)
     n = len(trajs)
     solved = {t.task_id for t in trajs if t.solved}
@@ -137,6 +172,16 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
             "eval/tool_calls": sum(t.tool_calls for t in trajs) / n,
             "eval/parse_failures": sum(t.parse_failures for t in trajs) / n,
             **{f"eval/{k}": v for k, v in truncated_fractions(trajs).items()}}, trajs
+
+
+def describe_eval(cfg: TrainConfig, kind: str, n: int) -> str:
+    if kind == "rehearsal":
+        return (f"evaluation: rehearsal-judged on {n} {cfg.eval.split} tasks (no real environment: the policy "
+                "rehearses the tool responses; only called / answer_contains / judge items count)")
+    where = f"world {spec_label(cfg.world)}" if cfg.world is not None and cfg.bench is None else "the tasks' own worlds"
+    if cfg.bench is not None:
+        where = f"benchmark {cfg.bench.name}"
+    return f"evaluation: real-world on {n} {cfg.eval.split} tasks ({where})"
 
 
 def run_policy(cfg: TrainConfig, saved: Path | None = None) -> tuple[torch.nn.Module, Any]:
@@ -158,7 +203,7 @@ def run_policy(cfg: TrainConfig, saved: Path | None = None) -> tuple[torch.nn.Mo
     else:
         base = smollm2_tokenizer()
         samples = oracle_sft_samples(sft_tasks(cfg, train_tasks(cfg)), base, prompt_style(cfg), roles=cfg.sft.roles,
-                                     simulator_tasks=cfg.sft.simulator_trajectories)
+                                     simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world)
         tok = train_data_tokenizer((base.decode(s.prompt_ids + s.gen_ids) for s in samples), cfg.sft.vocab, base)
     return with_lora(scratch_llama(cfg.model, tok), cfg.lora), tok
 
@@ -176,9 +221,13 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
         log(f"SFT warm start loaded from {src}")
         return
     pool = train_tasks(cfg)
+    if not sft_possible(cfg, pool):
+        log("SFT warm start skipped: no train task has a reference solution and a real world to replay it in "
+            "(set sft.enabled: false to silence this); GRPO starts from the model as loaded")
+        return
     tasks = sft_tasks(cfg, pool)
     samples = oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles,
-                                 simulator_tasks=cfg.sft.simulator_trajectories)
+                                 simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world)
     for role, lengths in target_turn_lengths(samples).items():
         cap = getattr(cfg.rollout, f"{role}_max_new_tokens")
         over = sum(n > cap for n in lengths) / len(lengths)
@@ -332,6 +381,11 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     tok = models.tokenizer
     pool = grpo_pool(cfg, bench)
     held_out = real_eval_tasks(cfg, pool, bench)
+    kind = eval_kind(cfg, held_out)
+    if cfg.source == "real" and bench is None and not all(has_real_world(t, cfg) for t in pool):
+        raise ValueError("source real: the train tasks have no real world; give the run one (--world / world:) "
+                         "or train by rehearsal")
+    log(describe_eval(cfg, kind, len(held_out)))
     gen = generation_settings(cfg)
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
     device = _device(acc, cfg)
@@ -346,19 +400,22 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
 
     watch_train, watch_eval = TruncationWatch(cfg, log), TruncationWatch(cfg, log, " in the eval")
 
+    judge = make_judge(cfg.judge, caller_backend)
+
     def do_eval(step: int) -> dict[str, float]:
-        metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc, bench)
+        metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc, bench, judge=judge,
+                                       kind=kind)
         watch_eval.add(trajs)
         if main:
             run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
-            metrics_log.log({"phase": "eval", "step": step, **metrics})
+            metrics_log.log({"phase": "eval", "step": step, "eval_kind": kind, **metrics})
         return metrics
 
     # Decided on rank 0 (the one that writes metrics.jsonl), so every rank evaluates together.
     eval0 = dist.broadcast_object(acc, main and st.start_step == 0
                                   and not any(m.get("phase") == "eval" for m in run.metrics()))
     if eval0:
-        log(f"step 0 real-world eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
+        log(f"step 0 {kind} eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
     bar = StepProgress("train", total=cfg.steps, start=st.start_step) if main else None
     last_eval = st.start_step
     for step in range(st.start_step + 1, cfg.steps + 1):
@@ -369,13 +426,18 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         step_seed = dist.rank_seed(cfg.seed * 10_007 + step, acc)
         actor = make_actor(caller_backend, gen, step_seed)
         # Rehearsal uses the simulator-role model (the policy itself in share mode).
-        source = make_source(cfg.source, sim_backend, gen, step_seed, simulator=sim_backend)
+        source = make_source(cfg.source, sim_backend, gen, step_seed, simulator=sim_backend, world=cfg.world)
         if bench is not None:  # the benchmark's episode loop and scorer; source "real": its environment
             trajs, tok_s = bench_episodes(bench, tasks, actor, None if cfg.source == "real" else source,
                                           caller_backend, step_seed, cfg.group_size)
         else:
-            trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
-                                                                             max_turns=cfg.rollout.max_turns))
+            try:
+                trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
+                                                                                 max_turns=cfg.rollout.max_turns),
+                                             judge=judge)
+            finally:
+                if isinstance(source, RealSource):
+                    source.close()
             tok_s = rstats.tokens_per_second
         t_roll = time.perf_counter() - t0
         # Advantages centred over every rank's samples of each (task, role) group.
@@ -422,7 +484,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         bar.close()
     if last_eval != cfg.steps and cfg.steps > st.start_step:
         final = do_eval(cfg.steps)
-        log(f"final real-world eval (step {cfg.steps}): {final}")
+        log(f"final {kind} eval (step {cfg.steps}): {final}")
     from envace.experiments.report import write_train_report
 
     if main:

@@ -13,7 +13,7 @@ from envace.core.types import ChecklistItem, Task, Trajectory, Verdict, trajecto
 
 
 class Judge(Protocol):
-    def judge(self, criterion: str, task: Task, trajectory: Trajectory) -> tuple[bool, str]: ...
+    def judge(self, criterion: str, task: Task, trajectory: Trajectory) -> tuple[bool | None, str]: ...
 
 
 class QueryableWorld(Protocol):
@@ -58,9 +58,12 @@ def _judge_called(item: ChecklistItem, traj: Trajectory) -> Verdict:
 def _judge_state(item: ChecklistItem, world: QueryableWorld | None) -> Verdict:
     if world is None:
         return Verdict(item=item, met=None, detail="state items need a real world")
+    query = getattr(world, "query", None)
+    if not callable(query):
+        return Verdict(item=item, met=None, detail="this world has no SQL state to query")
     try:
-        rows = world.query(item.query or "")
-    except sqlite3.Error as e:
+        rows = query(item.query or "")
+    except Exception as e:  # sqlite3.Error, or whatever a user world's query raises
         return Verdict(item=item, met=False, detail=f"SQL error: {e}")
     ok = _same([list(r) for r in rows], item.equals or [])
     return Verdict(item=item, met=ok, detail=f"rows={rows!r}"[:300])
@@ -99,8 +102,11 @@ def judge_trajectory(
         elif judge is None:
             verdicts.append(Verdict(item=item, met=None, detail="no judge configured"))
         else:
-            met, why = judge.judge(item.criterion or "", task, traj)
-            verdicts.append(Verdict(item=item, met=met, detail=why[:300]))
+            try:
+                met, why = judge.judge(item.criterion or "", task, traj)
+            except Exception as e:  # a judge failure is no verdict, never a crashed run
+                met, why = None, f"judge failed: {type(e).__name__}: {e}"
+            verdicts.append(Verdict(item=item, met=met, detail=str(why)[:300]))
     judged = [v.met for v in verdicts if v.met is not None]
     reward = sum(judged) / len(judged) if judged else 0.0
     return reward, verdicts

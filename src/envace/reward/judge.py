@@ -40,3 +40,25 @@ class ModelJudge:
         gen = self.backend.generate([ids], SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0))[0]
         answer = gen.text.strip()
         return answer.upper().startswith("YES"), answer
+
+
+@dataclass
+class ChatJudge:
+    """Asks an OpenAI-compatible chat endpoint YES/NO (``client``: an HTTPBackend, which has the
+    timeout and retries). A failed request is no verdict (None), not a NO: the item is left out
+    of the reward, and the verdict's detail says why."""
+
+    client: Any
+    max_new_tokens: int = 24
+
+    def judge(self, criterion: str, task: Task, trajectory: Trajectory) -> tuple[bool | None, str]:
+        messages = [
+            {"role": "system", "content": JUDGE_SYSTEM},
+            {"role": "user", "content": f"Request: {task.instruction}\n\nConversation:\n"
+                                        f"{transcript(trajectory)}\n\nCriterion: {criterion}\nMet?"},
+        ]
+        try:
+            answer = self.client.chat(messages, max_tokens=self.max_new_tokens, temperature=0.0).text.strip()
+        except Exception as e:  # timeouts and server errors after the client's retries
+            return None, f"judge unavailable: {type(e).__name__}: {e}"[:300]
+        return answer.upper().startswith("YES"), answer

@@ -168,7 +168,12 @@ def run_episodes(
                      "episode_s": round(time.perf_counter() - ep.started, 4)},
         )
         world = ep.state if source.name == "real" else None
-        traj.reward, traj.verdicts = judge_trajectory(ep.task, traj, world=world, judge=judge)
+        try:
+            traj.reward, traj.verdicts = judge_trajectory(ep.task, traj, world=world, judge=judge)
+        finally:
+            finish = getattr(source, "finish", None)
+            if callable(finish):
+                finish(ep.state)  # a real episode's environment closes (an MCP session, its server)
         trajectories.append(traj)
     stats.episodes = len(episodes)
     stats.wall_seconds = time.perf_counter() - wall0

@@ -14,8 +14,9 @@ from typing import Any, Protocol
 
 from envace.core.prompts import PromptStyle, render_simulator_prompt
 from envace.core.toolcall import RESULT_CLOSE, parse_execution_result
-from envace.core.types import Source, Task, ToolCall, TurnSample
-from envace.envs.registry import make_world
+from envace.core.types import EnvRef, Source, Task, ToolCall, TurnSample
+from envace.envs.provider import WorldProvider
+from envace.envs.registry import resolve_world
 from envace.policy.sampling import SamplingParams
 
 
@@ -50,20 +51,74 @@ class ResponseSource(Protocol):
 
 
 def dump_result(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):  # a user's environment returned something odd
+        return json.dumps(str(value), ensure_ascii=False)
 
 
 class RealSource:
+    """The real environment of each task: its ``env.world``, else ``world`` (the run's
+    ``--world``). Providers are resolved once per spec; every episode gets a fresh environment,
+    closed by :meth:`finish`, and :meth:`close` releases the providers (MCP servers, loops)."""
+
     name: Source = "real"
 
+    def __init__(self, world: Any = None) -> None:
+        self.world = world
+        self._providers: dict[str, WorldProvider] = {}
+
+    def provider(self, task: Task) -> WorldProvider:
+        spec = task.env.world if task.env is not None and task.env.world else self.world
+        if spec is None:
+            raise ValueError(f"task {task.id} has no 'env' world and the run names none (--world): "
+                             "it cannot run against a real environment")
+        key = spec if isinstance(spec, str) else json.dumps(spec if isinstance(spec, dict) else spec.model_dump(),
+                                                            sort_keys=True)
+        if key not in self._providers:
+            self._providers[key] = resolve_world(spec)
+        return self._providers[key]
+
     def start(self, task: Task) -> Any:
-        if task.env is None:
-            raise ValueError(f"task {task.id} has no 'env': it cannot run against a real world")
-        return make_world(task.env.world, task.env.seed)
+        provider = self.provider(task)
+        return _Opened(provider, provider.open(task.env or EnvRef()))
 
     def respond(self, requests: list[ToolRequest]) -> list[ToolResponse]:
-        return [ToolResponse(text=dump_result(r.state.call(r.call.name, r.call.arguments)), rehearsed=False)
-                for r in requests]
+        # Environments that can (MCP) run the batch's calls concurrently, one per episode.
+        futures = [r.state.environment.submit(r.call.name, r.call.arguments)
+                   if hasattr(r.state.environment, "submit") else None for r in requests]
+        out = []
+        for r, fut in zip(requests, futures):
+            if fut is None:
+                value = r.state.environment.call(r.call.name, r.call.arguments)
+            else:
+                value = fut.result()
+            out.append(ToolResponse(text=dump_result(value), rehearsed=False))
+        return out
+
+    def finish(self, state: Any) -> None:
+        if isinstance(state, _Opened):
+            state.provider.close_environment(state.environment)
+
+    def close(self) -> None:
+        for p in self._providers.values():
+            p.shutdown()
+        self._providers.clear()
+
+
+@dataclass
+class _Opened:
+    provider: WorldProvider
+    environment: Any
+
+    @property
+    def query(self) -> Any:
+        """``state`` checklist items run here; a world without SQL state has no ``query``."""
+        return getattr(self.environment, "query")
+
+    @property
+    def calls(self) -> Any:
+        return getattr(self.environment, "calls", [])
 
 
 @dataclass

@@ -109,7 +109,8 @@ class RecordingRealSource(RealSource):
     """The real source, keeping every world it builds; a world is only built when an episode
     against it starts, so before the committed run there is no world that could be called."""
 
-    def __init__(self) -> None:
+    def __init__(self, world: Any = None) -> None:
+        super().__init__(world)
         self.worlds: list[tuple[str, Any]] = []
 
     def start(self, task: Task) -> Any:

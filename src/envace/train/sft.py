@@ -8,6 +8,8 @@ has seen real responses.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -66,11 +68,15 @@ def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,
 
 def oracle_sft_samples(tasks: Sequence[Task], tokenizer, style: PromptStyle,
                        roles: Sequence[Role] = ("caller", "simulator"), merge_caller: bool = True,
-                       simulator_tasks: int | None = None) -> list[TurnSample]:
+                       simulator_tasks: int | None = None, world: Any = None) -> list[TurnSample]:
     """SFT samples of the oracle's real trajectories on ``tasks``; simulator samples only from
     the first ``simulator_tasks`` of them (None: all). Simulator targets are long JSON results:
     on a CPU budget they cost most of the SFT tokens, while the caller needs the most epochs."""
-    trajs, _ = run_episodes(list(tasks), OracleActor(), RealSource(), RolloutConfig(max_turns=12))
+    source = RealSource(world)  # each task's own world, else the run's
+    try:
+        trajs, _ = run_episodes(list(tasks), OracleActor(), source, RolloutConfig(max_turns=12))
+    finally:
+        source.close()
     bad = [t.task_id for t in trajs if t.reward < 1.0]
     if bad:
         raise ValueError(f"oracle failed on tasks {bad[:5]}: their references are inconsistent")

@@ -1,0 +1,72 @@
+"""Writes tasks.jsonl for the MCP notes example: 36 tasks from four templates. The tasks list no
+tools: envace takes them from the server's listing. Expected results and the grounding examples
+come from the service's logic (notes.py) at the same seed the episode's reset tool will use.
+    python examples/mcp_notes/make_tasks.py
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from notes import TAGS, Notes  # noqa: E402
+
+N = 36
+
+
+def task(i: int) -> dict:
+    notes = Notes(seed=i)
+    rng = random.Random(i)
+    note = rng.choice(list(notes.notes.values()))
+    topic = note["title"].split()[0]
+    kind = i % 4
+    if kind == 0:
+        instruction = f"What is on my {topic.lower()} list?"
+        calls = [("search_notes", {"text": topic}), ("get_note", {"note_id": note["id"]})]
+        item = note["body"].split(", ")[0]
+        answer = f"Your {topic.lower()} list says: {note['body']}."
+        checklist = [{"kind": "called", "tool": "get_note", "args": {"note_id": note["id"]}},
+                     {"kind": "answer_contains", "text": item}]
+    elif kind == 1:
+        instruction = f"Delete my {topic.lower()} list, please."
+        calls = [("search_notes", {"text": topic}), ("delete_note", {"note_id": note["id"]})]
+        answer = f"I deleted note {note['id']} ({note['title']})."
+        checklist = [{"kind": "called", "tool": "delete_note", "args": {"note_id": note["id"]}}]
+    elif kind == 2:
+        tag = rng.choice(TAGS)
+        title = rng.choice(["Call mom", "Pay rent", "Fix bike", "Book dentist", "Water plants"])
+        instruction = f"Add a note titled '{title}' saying 'this week', tagged {tag}."
+        new_id = f"n{notes.next_id}"
+        calls = [("create_note", {"title": title, "body": "this week", "tag": tag})]
+        answer = f"Created note {new_id}: {title}."
+        checklist = [{"kind": "called", "tool": "create_note", "args": {"title": title, "tag": tag}},
+                     {"kind": "answer_contains", "text": new_id}]
+    else:
+        tag = note["tag"]
+        titles = [n["title"] for n in notes.list_notes(tag)]
+        instruction = f"Which of my notes are tagged {tag}?"
+        calls = [("list_notes", {"tag": tag})]
+        answer = "Tagged " + tag + ": " + ", ".join(titles) + "."
+        checklist = [{"kind": "called", "tool": "list_notes", "args": {"tag": tag}}] + [
+            {"kind": "answer_contains", "text": t} for t in titles]
+    shown = Notes(seed=i)  # grounding from the untouched state, as the episode starts
+    examples = [{"tool": "list_notes", "arguments": {}, "result": shown.list_notes()},
+                {"tool": calls[0][0], "arguments": calls[0][1],
+                 "result": getattr(shown, calls[0][0])(**calls[0][1])}]
+    return {"id": f"notes-{i:03d}", "domain": "notes", "instruction": instruction, "checklist": checklist,
+            "examples": examples, "env": {"args": {"seed": i}},
+            "reference": {"calls": [{"name": t, "arguments": a} for t, a in calls], "answer": answer}}
+
+
+def main() -> None:
+    rows = [task(i) for i in range(N)]
+    (HERE / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"wrote {len(rows)} tasks to {HERE / 'tasks.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""A real environment behind an MCP server, through the official ``mcp`` SDK (``envace[mcp]``).
+
+The server is a command (stdio: envace starts it, one process per episode, and stops it after)
+or a streamable-HTTP URL (one session per episode). Episodes never share a session, so they
+cannot leak state into each other through it; a server that keeps global state can name a
+``reset_tool``, called with the task's ``env.args`` when each episode's session opens.
+
+The SDK is asynchronous; the episode loop is not. One event loop runs in a daemon thread per
+provider, and each episode's session lives in its own task there (the SDK's transports must be
+entered and left in one task). Calls wait at most ``timeout_s``; a server that hangs, crashes or
+refuses answers with a structured ``ENVIRONMENT_ERROR`` and the episode goes on.
+Training by rehearsal never opens a session; listing the tools does, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import sys
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from envace.core.errors import tool_error
+from envace.core.types import EnvRef, ToolCall, ToolSpec
+from envace.envs.provider import (ENVIRONMENT_ERROR, TOOL_EXECUTION_ERROR, WorldProvider, check_call, done,
+                                  json_safe, recorded)
+
+
+class MCPSpec(BaseModel):
+    """How to reach an MCP server. Exactly one of ``command`` (stdio) and ``url`` (streamable HTTP)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] | None = Field(None, description="stdio server command, e.g. [python, server.py]")
+    url: str | None = Field(None, description="streamable-HTTP endpoint, e.g. http://127.0.0.1:8000/mcp")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the command")
+    cwd: str | None = None
+    timeout_s: float = Field(30.0, gt=0, description="longest wait for one tool call")
+    startup_timeout_s: float = Field(60.0, gt=0, description="longest wait for a session to open")
+    reset_tool: str | None = Field(None, description="tool called with env.args when an episode's session opens")
+    stderr: str | None = Field(None, description="file the stdio server's stderr is appended to "
+                               "(default: this process's stderr)")
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> MCPSpec:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("an MCP world needs exactly one of 'command' (stdio) and 'url' (streamable HTTP)")
+        if self.command is not None and not self.command:
+            raise ValueError("an MCP world's 'command' is empty")
+        return self
+
+    @classmethod
+    def parse(cls, spec: str) -> MCPSpec:
+        """``mcp:COMMAND ARGS`` (stdio) or an ``http(s)://`` URL."""
+        s = spec.strip()
+        if s.startswith(("http://", "https://")):
+            return cls(url=s)
+        if s.startswith("mcp:"):
+            rest = s[4:].strip()
+            if rest.startswith(("http://", "https://")):
+                return cls(url=rest)
+            return cls(command=shlex.split(rest))
+        raise ValueError(f"{spec!r} is not an MCP server spec (mcp:COMMAND ... or http(s)://.../mcp)")
+
+    def label(self) -> str:
+        return self.url or "mcp:" + shlex.join(self.command or [])
+
+
+def _require_sdk() -> Any:
+    try:
+        import mcp
+    except ImportError:
+        raise ValueError("MCP worlds need the official MCP SDK: pip install 'envace[mcp]'") from None
+    return mcp
+
+
+@asynccontextmanager
+async def _client(spec: MCPSpec) -> AsyncIterator[Any]:
+    """An entered ``mcp.Client``: over streamable HTTP, or a stdio server started now (and
+    stopped when the context exits) with its stderr where ``spec.stderr`` says."""
+    mcp = _require_sdk()
+    if spec.url is not None:
+        async with mcp.Client(spec.url, read_timeout_seconds=spec.timeout_s, mode="legacy") as client:
+            yield client
+        return
+    from mcp.client.stdio import stdio_client
+
+    params = mcp.StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
+                                       env={**os.environ, **spec.env} if spec.env else None, cwd=spec.cwd)
+    with contextlib.ExitStack() as files:
+        errlog = files.enter_context(open(spec.stderr, "a", encoding="utf-8")) if spec.stderr else sys.stderr
+        async with mcp.Client(stdio_client(params, errlog=errlog), read_timeout_seconds=spec.timeout_s,
+                              mode="legacy") as client:
+            yield client
+
+
+def result_value(result: Any) -> Any:
+    """A ``CallToolResult`` as the JSON value the caller sees: structured content when the server
+    sends it, else the text (parsed as JSON when it is JSON); ``isError`` -> a structured error."""
+    texts = [getattr(c, "text", None) for c in getattr(result, "content", None) or []]
+    texts = [t for t in texts if isinstance(t, str)]
+    text = "\n".join(texts)
+    if getattr(result, "is_error", None) or getattr(result, "isError", None):
+        return tool_error(TOOL_EXECUTION_ERROR, text[:500] or "the tool failed")
+    structured = getattr(result, "structured_content", None)
+    if structured is None:
+        structured = getattr(result, "structuredContent", None)
+    if structured is not None:
+        if isinstance(structured, dict) and set(structured) == {"result"}:
+            return json_safe(structured["result"])  # the SDK wraps a non-object return value
+        return json_safe(structured)
+    if len(texts) == 1:
+        try:
+            return json.loads(texts[0])
+        except (ValueError, RecursionError):
+            return texts[0]
+    return text
+
+
+def tool_spec(tool: Any) -> ToolSpec:
+    schema = getattr(tool, "input_schema", None) or getattr(tool, "inputSchema", None) or {}
+    schema = dict(schema) if isinstance(schema, dict) else {"type": "object", "properties": {}}
+    schema.setdefault("type", "object")
+    return ToolSpec.model_validate({"type": "function", "function": {
+        "name": tool.name, "description": tool.description or "", "parameters": schema}})
+
+
+class _Loop:
+    """An event loop in a daemon thread; coroutines are submitted from the episode loop's thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="envace-mcp", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Any) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+class _Session:
+    """One episode's session: a task in the loop that opens the client, serves calls from a
+    queue and closes the client (stopping a stdio server) when told to or when cancelled. Once
+    it is dead (could not open, crashed, closed) every call is answered with the reason."""
+
+    def __init__(self, world: MCPWorld, env: EnvRef) -> None:
+        self.world, self.env = world, env
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.dead: str | None = None
+        self.task: Future = world.loop.submit(self._run())
+
+    async def _run(self) -> None:
+        spec = self.world.spec_model
+        me = asyncio.current_task()
+        opened = False
+
+        def too_slow() -> None:
+            if not opened and me is not None:
+                self.dead = f"the MCP server did not open a session within {spec.startup_timeout_s:g} s"
+                me.cancel()
+
+        watchdog = asyncio.get_running_loop().call_later(spec.startup_timeout_s, too_slow)
+        try:
+            async with _client(spec) as client:
+                if spec.reset_tool:
+                    reset = await client.call_tool(spec.reset_tool, dict(self.env.args))
+                    if getattr(reset, "is_error", False) or getattr(reset, "isError", False):
+                        raise RuntimeError(f"reset tool {spec.reset_tool!r} failed: {result_value(reset)}")
+                opened = True
+                watchdog.cancel()
+                while True:
+                    item = await self.queue.get()
+                    if item is None:
+                        return
+                    name, args, fut = item
+                    try:
+                        value = result_value(await client.call_tool(name, args))
+                    except Exception as e:  # a call timed out, the server died, a protocol error
+                        value = tool_error(ENVIRONMENT_ERROR, f"MCP server: {type(e).__name__}: {e}"[:500])
+                    fut.set_result(value)
+        except BaseException as e:  # could not start, crashed, or cancelled
+            if self.dead is None:
+                self.dead = f"the MCP server failed: {type(e).__name__}: {e}"[:500]
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+        finally:
+            watchdog.cancel()
+            self.dead = self.dead or "the MCP session is closed"
+            while not self.queue.empty():
+                item = self.queue.get_nowait()
+                if item is not None:
+                    item[2].set_result(tool_error(ENVIRONMENT_ERROR, self.dead))
+
+    def _put(self, item: Any) -> None:  # in the loop's thread, so it cannot race the drain above
+        if self.dead is not None:
+            if item is not None:
+                item[2].set_result(tool_error(ENVIRONMENT_ERROR, self.dead))
+            return
+        self.queue.put_nowait(item)
+
+    def call(self, name: str, arguments: dict) -> Future:
+        out: Future = Future()
+        self.world.loop.loop.call_soon_threadsafe(self._put, (name, arguments, out))
+        return out
+
+    def close(self) -> None:
+        self.world.loop.loop.call_soon_threadsafe(self._put, None)
+        try:
+            self.task.result(timeout=10)
+        except Exception:  # a server that will not stop: cancel its task (the transport kills it)
+            self.task.cancel()
+
+
+class MCPWorld(WorldProvider):
+    kind = "mcp"
+
+    def __init__(self, spec: MCPSpec) -> None:
+        _require_sdk()
+        super().__init__(spec.label())
+        self.spec_model = spec
+        self._loop: _Loop | None = None
+        self._tools: list[ToolSpec] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loop(self) -> _Loop:
+        with self._lock:
+            if self._loop is None:
+                self._loop = _Loop()
+            return self._loop
+
+    def tools(self) -> list[ToolSpec]:
+        """The server's tool listing (one short session), minus the reset tool."""
+        if self._tools is None:
+            spec = self.spec_model
+
+            async def listing() -> list[ToolSpec]:
+                async with _client(spec) as client:
+                    tools = []
+                    cursor = None
+                    while True:
+                        page = await client.list_tools(cursor=cursor) if cursor else await client.list_tools()
+                        tools.extend(page.tools)
+                        cursor = getattr(page, "next_cursor", None) or getattr(page, "nextCursor", None)
+                        if not cursor:
+                            return [tool_spec(t) for t in tools if t.name != spec.reset_tool]
+
+            fut = self.loop.submit(listing())
+            try:
+                self._tools = fut.result(timeout=spec.startup_timeout_s + spec.timeout_s)
+            except FutureTimeout:
+                fut.cancel()
+                raise ValueError(f"{self.spec}: the MCP server did not list its tools within "
+                                 f"{spec.startup_timeout_s + spec.timeout_s:g} s") from None
+            except Exception as e:
+                raise ValueError(f"{self.spec}: could not list the MCP server's tools: {type(e).__name__}: {e}") from None
+        return [ToolSpec.model_validate(t.model_dump()) for t in self._tools]
+
+    def open(self, env: EnvRef) -> MCPEnvironment:
+        return MCPEnvironment(self, env)
+
+    def shutdown(self) -> None:
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop = None
+
+
+class MCPEnvironment:
+    """One episode against the server. The session opens at the first call (an episode that
+    never calls a tool starts no server) and closes with the episode."""
+
+    def __init__(self, world: MCPWorld, env: EnvRef) -> None:
+        self.world, self.env = world, env
+        self.session: _Session | None = None
+        self.calls: list[tuple[ToolCall, Any]] = []
+        self._specs = {t.name: t for t in world.tools()}
+
+    def submit(self, name: str, arguments: dict) -> Future:
+        """Start a call; the result (never an exception) comes in the future."""
+        err = check_call(name, arguments, self._specs)
+        if err is not None:
+            self.calls.append((recorded(name, arguments), err))
+            return done(err)
+        if self.session is None:
+            self.session = _Session(self.world, self.env)
+        fut = self.session.call(name, arguments)
+        wrapped: Future = Future()
+
+        def finish(f: Future) -> None:
+            self.calls.append((recorded(name, arguments), f.result()))
+            wrapped.set_result(f.result())
+
+        fut.add_done_callback(finish)
+        return wrapped
+
+    def call(self, name: str, arguments: dict) -> Any:
+        return wait(self.submit(name, arguments), self.world.spec_model)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+def wait(fut: Future, spec: MCPSpec) -> Any:
+    """A call's result; past its deadline, a structured timeout error (the server keeps nothing
+    of ours waiting: the session's own read timeout ends the call on its side)."""
+    try:
+        return fut.result(timeout=spec.timeout_s + spec.startup_timeout_s + 5)
+    except FutureTimeout:
+        return tool_error(ENVIRONMENT_ERROR, f"the MCP server did not answer within {spec.timeout_s:g} s")
