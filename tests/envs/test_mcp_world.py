@@ -1,0 +1,140 @@
+"""MCP servers as real environments: a real stdio server started by the test (no protocol mocks)."""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from envace.core.errors import error_code
+from envace.core.types import EnvRef, Task
+from envace.envs.mcp_world import MCPSpec
+from envace.envs.provider import ENVIRONMENT_ERROR, TOOL_EXECUTION_ERROR
+from envace.envs.registry import resolve_world
+from envace.rollout.actors import OracleActor
+from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.sources import RealSource
+
+SERVER = Path(__file__).parent / "fixtures" / "faulty_mcp_server.py"
+
+
+def spec(tmp_path, *extra, **over) -> MCPSpec:
+    return MCPSpec(command=[sys.executable, str(SERVER), *extra], reset_tool="reset",
+                   stderr=str(tmp_path / "server.log"), **{"timeout_s": 3, "startup_timeout_s": 20, **over})
+
+
+@pytest.fixture
+def world(tmp_path):
+    w = resolve_world(spec(tmp_path))
+    yield w
+    w.shutdown()
+
+
+def test_tools_are_listed_from_the_server_without_the_reset_tool(world):
+    tools = {t.name: t for t in world.tools()}
+    assert set(tools) == {"echo", "bump", "hang", "crash", "fail"}
+    assert tools["echo"].function.parameters["required"] == ["text"]
+    assert "Echo" in tools["echo"].function.description
+
+
+def test_calls_answer_and_bad_calls_are_structured_errors(world):
+    env = world.open(EnvRef(args={"seed": 7}))
+    try:
+        assert env.call("echo", {"text": "hi"}) == {"text": "hi", "seed": 7}  # the reset tool got env.args
+        assert error_code(env.call("echo", {})) == "INVALID_PARAMETERS"  # checked before the server
+        assert error_code(env.call("nope", {})) == "TOOL_NOT_AVAILABLE"
+        failed = env.call("fail", {"why": "disk full"})
+        # the SDK hides an unexpected exception's text; the code and the tool are what the caller learns
+        assert error_code(failed) == TOOL_EXECUTION_ERROR and "fail" in failed["error"]["message"]
+        assert env.call("bump", {}) == 1  # the session survives a failing tool
+        assert [c.name for c, _ in env.calls] == ["echo", "echo", "nope", "fail", "bump"]
+    finally:
+        env.close()
+
+
+def test_each_episode_gets_a_fresh_session(world):
+    first = world.open(EnvRef())
+    assert [first.call("bump", {}) for _ in range(3)] == [1, 2, 3]
+    first.close()
+    second = world.open(EnvRef())
+    try:
+        assert second.call("bump", {}) == 1
+    finally:
+        second.close()
+
+
+def test_a_hanging_tool_times_out_and_the_episode_goes_on(world):
+    env = world.open(EnvRef())
+    try:
+        t0 = time.perf_counter()
+        hung = env.call("hang", {})
+        assert error_code(hung) == ENVIRONMENT_ERROR and time.perf_counter() - t0 < 15
+        assert env.call("echo", {"text": "still here"})["text"] == "still here"
+    finally:
+        env.close()
+
+
+def test_a_server_that_crashes_mid_episode_answers_errors_from_then_on(world):
+    env = world.open(EnvRef())
+    try:
+        assert env.call("bump", {}) == 1
+        assert error_code(env.call("crash", {})) == ENVIRONMENT_ERROR
+        assert error_code(env.call("echo", {"text": "x"})) == ENVIRONMENT_ERROR
+    finally:
+        env.close()
+    fresh = world.open(EnvRef())  # the next episode starts a new server
+    try:
+        assert fresh.call("bump", {}) == 1
+    finally:
+        fresh.close()
+
+
+def test_a_server_that_never_opens_a_session_is_an_error_not_a_hang(tmp_path):
+    listing = resolve_world(spec(tmp_path))
+    tools = listing.tools()
+    listing.shutdown()
+    stuck = resolve_world(spec(tmp_path, "--hang-on-start", startup_timeout_s=2))
+    stuck._tools = tools  # its listing would hang too; the episode's session is what is tested
+    env = stuck.open(EnvRef())
+    try:
+        t0 = time.perf_counter()
+        assert error_code(env.call("echo", {"text": "x"})) == ENVIRONMENT_ERROR
+        assert time.perf_counter() - t0 < 15
+    finally:
+        env.close()
+        stuck.shutdown()
+    with pytest.raises(ValueError, match="did not list its tools"):
+        resolve_world(spec(tmp_path, "--hang-on-start", startup_timeout_s=2, timeout_s=1)).tools()
+
+
+def test_episodes_against_the_server_record_errors_and_finish(tmp_path, world):
+    """The engine's real source over MCP: a crash in one episode leaves the others whole."""
+    from envace.core.types import Reference, ToolCall
+
+    tools = world.tools()
+    tasks = [Task(id="ok", instruction="echo", tools=tools, env=EnvRef(args={"seed": 1}),
+                  checklist=[{"kind": "called", "tool": "echo", "args": {"text": "a"}}],
+                  reference=Reference(calls=[ToolCall(name="echo", arguments={"text": "a"})], answer="a")),
+             Task(id="crashing", instruction="crash", tools=tools, env=EnvRef(),
+                  checklist=[{"kind": "answer_contains", "text": "done"}],
+                  reference=Reference(calls=[ToolCall(name="crash"), ToolCall(name="echo", arguments={"text": "b"})],
+                                      answer="done"))]
+    source = RealSource(spec(tmp_path))
+    try:
+        trajs, _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=4))
+    finally:
+        source.close()
+    ok, crashed = trajs
+    assert ok.reward == 1.0 and '"seed": 1' in ok.messages[2].content
+    tool_msgs = [m.content for m in crashed.messages if m.role == "tool"]
+    assert len(tool_msgs) == 2 and all(ENVIRONMENT_ERROR in m for m in tool_msgs)
+    assert crashed.reward == 1.0 and crashed.stop_reason == "final_answer"
+
+
+def test_mcp_specs_parse_from_strings():
+    assert MCPSpec.parse("mcp:python server.py --port 3").command == ["python", "server.py", "--port", "3"]
+    assert MCPSpec.parse("http://127.0.0.1:8000/mcp").url == "http://127.0.0.1:8000/mcp"
+    with pytest.raises(ValueError, match="exactly one"):
+        MCPSpec(command=["x"], url="http://y")
