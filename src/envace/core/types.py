@@ -138,7 +138,9 @@ class TurnSample(_Strict):
 
 class Verdict(_Strict):
     item: ChecklistItem
-    met: bool | None  # None: not judged (e.g. a state item without a real world)
+    # None: not judged (a state item without a real world, a judge that did not answer). Defaults
+    # to None because run files are written without None fields and must read back.
+    met: bool | None = None
     detail: str = ""
 
 

@@ -97,10 +97,22 @@ async def _client(spec: MCPSpec) -> AsyncIterator[Any]:
     params = mcp.StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
                                        env={**os.environ, **spec.env} if spec.env else None, cwd=spec.cwd)
     with contextlib.ExitStack() as files:
-        errlog = files.enter_context(open(spec.stderr, "a", encoding="utf-8")) if spec.stderr else sys.stderr
+        errlog = files.enter_context(open(spec.stderr, "a", encoding="utf-8")) if spec.stderr else _stderr(files)
         async with mcp.Client(stdio_client(params, errlog=errlog), read_timeout_seconds=spec.timeout_s,
                               mode="legacy") as client:
             yield client
+
+
+def _stderr(files: contextlib.ExitStack) -> Any:
+    """A stream with a real file descriptor for the server's stderr: ours when it has one (a
+    notebook's or a test's captured stderr does not), else the process's original, else null."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            stream.fileno()
+            return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return files.enter_context(open(os.devnull, "w"))
 
 
 def result_value(result: Any) -> Any:

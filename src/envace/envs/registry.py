@@ -135,6 +135,8 @@ def resolve_world(spec: str | MCPSpec | dict) -> WorldProvider:
         return provider_for(import_object(known[s]), s)
     if ":" in s or "/" in s or s.endswith(".py") or "." in s:
         return provider_for(import_object(s), s)
+    if importlib.util.find_spec(s) is not None:  # a top-level module of tool functions
+        return provider_for(import_object(s), s)
     raise ValueError(f"unknown world {s!r}: not registered ({', '.join(sorted(known))}), not an import path "
                      "(package.module:Name or path/to/tools.py) and not an MCP server (mcp:COMMAND or http://...)")
 
