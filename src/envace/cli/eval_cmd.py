@@ -16,7 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="smollm2",
                    help="smollm2 | tiny | a HF model or peft adapter dir | a training checkpoint dir "
                         "(its policy/ or caller/ sub-directory is found automatically)")
-    p.add_argument("--world", default="shop", help="embedded world(s): shop, calendar, bank, a comma list or 'all'")
+    p.add_argument("--world", default=None,
+                   help="embedded world(s): shop (default), calendar, bank, a comma list or 'all'; with --task-file: "
+                        "the real environment of tasks that name none (package.module:Name, path/to/tools.py:Class, "
+                        "mcp:COMMAND, http(s)://.../mcp, a registered name)")
     p.add_argument("--task-file", default=None, help="a JSONL task file instead of an embedded world")
     p.add_argument("--split", default="test", help="train | test")
     p.add_argument("--tasks", type=int, default=10, help="tasks per world (default 10)")
@@ -72,7 +75,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.bench:
         return _run_bench(args)
     job = EvalJob(
-        model=args.model, world=args.world, task_file=args.task_file, split=args.split, tasks=args.tasks,
+        model=args.model, world=(args.world or "shop") if not args.task_file else "shop",
+        real_world=args.world if args.task_file else None, task_file=args.task_file, split=args.split, tasks=args.tasks,
         rehearse=args.rehearse, budget=args.budget, sweep=args.sweep,
         budgets=parse_int_list(args.budgets, "--budgets"),
         modes=[m.strip() for m in args.modes.split(",") if m.strip()], memory=args.memory,

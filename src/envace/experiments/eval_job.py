@@ -54,6 +54,7 @@ FIDELITY_SOURCES = ("oracle", "policy", "both")
 class EvalJob:
     model: str = "smollm2"
     world: str = "shop"  # embedded world(s): a name, a comma list or "all"
+    real_world: Any = None  # with task_file: the real environment of tasks that name none (--world)
     task_file: str | None = None
     split: str = "test"
     tasks: int = 10  # per world (or in all, for a task file)
@@ -155,7 +156,7 @@ def world_list(job: EvalJob) -> list[str]:
 def eval_tasks(job: EvalJob, per_world: int) -> list[Task]:
     """``per_world`` tasks of each world's split (or of the task file), all with a real world."""
     if job.task_file:
-        tasks = select_tasks(None, job.split, per_world, job.task_file)
+        tasks = select_tasks(None, job.split, per_world, job.task_file, real_world=job.real_world)
     else:
         tasks = []
         for w in world_list(job):
@@ -163,10 +164,10 @@ def eval_tasks(job: EvalJob, per_world: int) -> list[Task]:
                 tasks += select_tasks(w, job.split, per_world)
             except ValueError:
                 raise ValueError(f"world {w!r} has no {job.split} split tasks") from None
-    missing = [t.id for t in tasks if t.env is None]
+    missing = [t.id for t in tasks if (t.env is None or t.env.world is None) and job.real_world is None]
     if missing:
-        raise ValueError(f"evaluation runs against the real world, but {len(missing)} task(s) have no 'env' "
-                         f"(e.g. {missing[0]})")
+        raise ValueError(f"evaluation runs against the real world, but {len(missing)} task(s) name no world "
+                         f"(e.g. {missing[0]}): give their env.world, or --world")
     return tasks
 
 
@@ -205,12 +206,14 @@ def run_testtime_part(job: EvalJob, tasks: list[Task], parts: EvalParts, run: Ru
 
     if job.sweep:
         results, rsets = budget_sweep(tasks, parts.rehearsal_actor, parts.commit_actor, parts.simulator,
-                                      job.budgets, tuple(job.modes), parts.writer, job.max_turns, log)
+                                      job.budgets, tuple(job.modes), parts.writer, job.max_turns, log,
+                                      world=job.real_world)
     else:
         budget = effective_budget(job)
         log(f"condition {job.rehearse} (budget {budget}) on {len(tasks)} tasks")
         result, rset = run_private_rehearsal(tasks, parts.rehearsal_actor, parts.commit_actor, parts.simulator,
-                                             job.rehearse, budget, parts.writer, job.max_turns, log=log)
+                                             job.rehearse, budget, parts.writer, job.max_turns, log=log,
+                                             world=job.real_world)
         results, rsets = [result], ({rset.mode: rset} if rset is not None else {})
     for mode, rset in rsets.items():
         run.add_trajectories([r.to_row(mode) for rs in rset.attempts.values() for r in rs], name="rehearsals.jsonl")
@@ -231,9 +234,18 @@ def fidelity_trajectories(job: EvalJob, tasks: list[Task], parts: EvalParts, log
             raise ValueError(f"--fidelity-source oracle needs tasks with a reference solution; {missing[0]} has none "
                              "(use --fidelity-source policy)")
         turns = max(job.max_turns, max(len(t.reference.calls) for t in tasks) + 1)
-        out["oracle"], _ = run_episodes(tasks, OracleActor(), RealSource(), RolloutConfig(max_turns=turns))
+        source = RealSource(job.real_world)
+        try:
+            out["oracle"], _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=turns))
+        finally:
+            source.close()
     if job.fidelity_source in ("policy", "both"):
-        out["policy"], _ = run_episodes(tasks, parts.commit_actor, RealSource(), RolloutConfig(max_turns=job.max_turns))
+        source = RealSource(job.real_world)
+        try:
+            out["policy"], _ = run_episodes(tasks, parts.commit_actor, source,
+                                            RolloutConfig(max_turns=job.max_turns))
+        finally:
+            source.close()
     return out
 
 

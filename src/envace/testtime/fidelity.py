@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 from envace.core.errors import error_code, is_error
 from envace.core.types import Task, ToolCall, Trajectory, trajectory_calls
 from envace.core.validate import validate_call
-from envace.envs.registry import make_world
+from envace.envs.registry import make_world, world_names
 from envace.rollout.sources import ResponseSource, ToolRequest
 from envace.testtime.fields import important_fields
 
@@ -160,7 +160,7 @@ class FidelityPair(BaseModel):
 
 
 def _world_of(task: Task) -> str:
-    return task.env.world if task.env is not None else (task.domain or "?")
+    return (task.env.world if task.env is not None else None) or task.domain or "?"
 
 
 def cases_from_trajectories(tasks: list[Task], trajectories: Iterable[Trajectory], origin: str) -> list[FidelityCase]:
@@ -203,7 +203,7 @@ def error_probe_cases(tasks: list[Task], trajectories: Iterable[Trajectory], max
     out: list[FidelityCase] = []
     for traj in trajectories:
         task = by_id[traj.task_id]
-        if task.env is None:
+        if task.env is None or task.env.world not in world_names():  # probes replay an embedded world
             continue
         pairs = trajectory_calls(traj)
         made = 0

@@ -320,7 +320,7 @@ def commit(tasks: list[Task], actor: Actor, real_source: RealSource, memories: M
 
 def commit_condition(tasks: list[Task], commit_actor: Actor, rset: RehearsalSet | None, budget: int,
                      writer: MemoryWriter, max_turns: int = 4, real_source: RecordingRealSource | None = None,
-                     log: Log | None = None) -> ConditionResult:
+                     log: Log | None = None, world: Any = None) -> ConditionResult:
     """Condense the first ``budget`` attempts of ``rset`` (none when budget is 0) and commit.
 
     ``real_source`` should be created before the rehearsal it follows (its calls up to the
@@ -330,7 +330,7 @@ def commit_condition(tasks: list[Task], commit_actor: Actor, rset: RehearsalSet 
     check_mode_budget(mode, budget)
     if rset is not None and budget > rset.budget:
         raise ValueError(f"budget {budget} exceeds the {rset.budget} rehearsed attempts")
-    source = real_source if real_source is not None else RecordingRealSource()
+    source = real_source if real_source is not None else RecordingRealSource(world)
     t0 = time.perf_counter()
     memories = memories_after(rset, tasks, budget, writer) if rset is not None and budget else {
         t.id: NO_MEMORY for t in tasks}
@@ -338,7 +338,10 @@ def commit_condition(tasks: list[Task], commit_actor: Actor, rset: RehearsalSet 
     # received so far was received before the committed run, i.e. during rehearsal. Counted, so
     # "zero real calls while rehearsing" is shown rather than assumed.
     during = source.total_calls()
-    trajs = commit(tasks, commit_actor, source, {tid: m.text for tid, m in memories.items()}, max_turns)
+    try:
+        trajs = commit(tasks, commit_actor, source, {tid: m.text for tid, m in memories.items()}, max_turns)
+    finally:
+        source.close()  # MCP servers and loops; the recorded calls stay readable
     wall = time.perf_counter() - t0
     calls = source.calls_by_task()
     outcomes = []
@@ -367,15 +370,15 @@ def commit_condition(tasks: list[Task], commit_actor: Actor, rset: RehearsalSet 
 def run_private_rehearsal(tasks: list[Task], rehearsal_actor: Actor, commit_actor: Actor,
                           simulator: ResponseSource, mode: str, budget: int,
                           memory_writer: MemoryWriter | None = None, max_turns: int = 4,
-                          real_source: RecordingRealSource | None = None, log: Log | None = None
-                          ) -> tuple[ConditionResult, RehearsalSet | None]:
+                          real_source: RecordingRealSource | None = None, log: Log | None = None,
+                          world: Any = None) -> tuple[ConditionResult, RehearsalSet | None]:
     """Rehearse ``budget`` imagined episodes per task (``mode``), condense, commit once for real.
 
     ``mode='none'`` (budget 0) is the plain real-world run, the baseline of the sweep.
     """
     check_mode_budget(mode, budget)
     writer = memory_writer or RuleMemoryWriter()
-    source = real_source if real_source is not None else RecordingRealSource()
+    source = real_source if real_source is not None else RecordingRealSource(world)
     rset = None
     if mode != "none":
         rset = rehearse(tasks, rehearsal_actor, simulator, mode, budget, writer, max_turns, log)
@@ -384,8 +387,8 @@ def run_private_rehearsal(tasks: list[Task], rehearsal_actor: Actor, commit_acto
 
 def budget_sweep(tasks: list[Task], rehearsal_actor: Actor, commit_actor: Actor, simulator: ResponseSource,
                  budgets: list[int], modes: tuple[str, ...] = REHEARSE_MODES,
-                 memory_writer: MemoryWriter | None = None, max_turns: int = 4, log: Log | None = None
-                 ) -> tuple[list[ConditionResult], dict[str, RehearsalSet]]:
+                 memory_writer: MemoryWriter | None = None, max_turns: int = 4, log: Log | None = None,
+                 world: Any = None) -> tuple[list[ConditionResult], dict[str, RehearsalSet]]:
     """Success and cost for every budget of every mode; budget 0 (no rehearsal) is run once.
 
     Each mode rehearses once with the largest budget and budget b uses the first b attempts. For
@@ -405,13 +408,13 @@ def budget_sweep(tasks: list[Task], rehearsal_actor: Actor, commit_actor: Actor,
     if 0 in budgets:
         if log:
             log("condition none (no rehearsal)")
-        results.append(commit_condition(tasks, commit_actor, None, 0, writer, max_turns, log=log))
+        results.append(commit_condition(tasks, commit_actor, None, 0, writer, max_turns, log=log, world=world))
     rsets: dict[str, RehearsalSet] = {}
     positive = [b for b in budgets if b > 0]
     for m in modes if positive else ():
         if log:
             log(f"mode {m}: rehearsing {max(positive)} attempts per task")
-        sources = {b: RecordingRealSource() for b in positive}  # before rehearsing: see commit_condition
+        sources = {b: RecordingRealSource(world) for b in positive}  # before rehearsing: see commit_condition
         rsets[m] = rset = rehearse(tasks, rehearsal_actor, simulator, m, max(positive), writer, max_turns, log)
         for b in positive:
             results.append(commit_condition(tasks, commit_actor, rset, b, writer, max_turns, sources[b], log))
