@@ -90,10 +90,17 @@ def test_the_mcp_example_trains_without_calling_the_server_and_evaluates_against
     assert train and not any(m.rehearsed is False for t in train for m in t.messages if m.role == "tool")
     evals = _trajs(run, "evals.jsonl")
     assert evals and all(t.source == "real" for t in evals)
-    tools = {t.name for t in select_tasks(None, "all", 1, NOTES / "tasks.jsonl",
-                                          real_world={"command": ["python", str(NOTES / "server.py")],
-                                                      "reset_tool": "reset"})[0].tools}
+    tools = {t.name for t in select_tasks(None, "all", 1, NOTES / "tasks.jsonl", real_world=str(NOTES / "world.yaml"))[0].tools}
     assert tools == {"list_notes", "get_note", "search_notes", "create_note", "delete_note"}
+    # The trained checkpoint, evaluated with test-time rehearsal against the real server.
+    ckpt = run.path / "checkpoints" / "step-00000001"
+    assert main(["eval", "--model", str(ckpt), "--task-file", str(NOTES / "tasks.jsonl"), "--world",
+                 str(NOTES / "world.yaml"), "--tasks", "2", "--rehearse", "parallel", "--budget", "1",
+                 "--max-new-tokens", "8", "--sim-max-new-tokens", "8", "--summary-max-new-tokens", "8",
+                 "--threads", "1", "--out", str(tmp_path / "eval")]) == 0
+    (ev,) = (tmp_path / "eval").iterdir()
+    committed = read_jsonl_dicts(ev / "committed.jsonl")
+    assert len(committed) == 2 and all(r["real_calls_during_rehearsal"] == 0 for r in committed)
 
 
 BAD_TASKS = [

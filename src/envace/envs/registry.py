@@ -7,7 +7,8 @@ A spec is one of:
 * an import path ``package.module:Name`` or a file ``path/to/tools.py[:Name]``: a ``World``
   subclass, a class whose public methods are tools, a module of tool functions, or a ready
   :class:`WorldProvider`;
-* an MCP server: ``mcp:COMMAND ARGS`` (stdio, started by envace) or ``http(s)://.../mcp``, or an
+* an MCP server: ``mcp:COMMAND ARGS`` (stdio, started by envace) or ``http(s)://.../mcp``, a
+  YAML file of its settings (``world.yaml``: command or url, reset_tool, timeouts), or an
   :class:`~envace.envs.mcp_world.MCPSpec` (from a config's ``world:`` mapping).
 """
 
@@ -130,6 +131,8 @@ def resolve_world(spec: str | MCPSpec | dict) -> WorldProvider:
         raise ValueError("empty world spec")
     if s.startswith(("mcp:", "http://", "https://")):
         return MCPWorld(MCPSpec.parse(s))
+    if s.endswith((".yaml", ".yml")):
+        return MCPWorld(_mcp_file(Path(s)))
     known = registered_worlds()
     if s in known:
         return provider_for(import_object(known[s]), s)
@@ -139,6 +142,26 @@ def resolve_world(spec: str | MCPSpec | dict) -> WorldProvider:
         return provider_for(import_object(s), s)
     raise ValueError(f"unknown world {s!r}: not registered ({', '.join(sorted(known))}), not an import path "
                      "(package.module:Name or path/to/tools.py) and not an MCP server (mcp:COMMAND or http://...)")
+
+
+def _mcp_file(path: Path) -> MCPSpec:
+    """An MCP server's settings in a YAML file (command or url, reset_tool, timeouts, ...)."""
+    import yaml
+    from pydantic import ValidationError
+
+    if not path.is_file():
+        raise ValueError(f"world {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an MCP world file is a mapping (command or url, reset_tool, timeout_s, ...)")
+    try:
+        return MCPSpec.model_validate(data.get("mcp", data))
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"{path}: field '{'.'.join(map(str, err['loc'])) or 'mcp'}': {err['msg']}") from None
 
 
 def spec_label(spec: str | MCPSpec | dict | None) -> str:
