@@ -69,15 +69,17 @@ class RealSource:
         self._providers: dict[str, WorldProvider] = {}
 
     def provider(self, task: Task) -> WorldProvider:
-        spec = task.env.world if task.env is not None and task.env.world else self.world
+        # getattr / setdefault: a subclass that does not call __init__ still works
+        spec = task.env.world if task.env is not None and task.env.world else getattr(self, "world", None)
         if spec is None:
             raise ValueError(f"task {task.id} has no 'env' world and the run names none (--world): "
                              "it cannot run against a real environment")
         key = spec if isinstance(spec, str) else json.dumps(spec if isinstance(spec, dict) else spec.model_dump(),
                                                             sort_keys=True)
-        if key not in self._providers:
-            self._providers[key] = resolve_world(spec)
-        return self._providers[key]
+        providers = self.__dict__.setdefault("_providers", {})
+        if key not in providers:
+            providers[key] = resolve_world(spec)
+        return providers[key]
 
     def start(self, task: Task) -> Any:
         provider = self.provider(task)
@@ -101,9 +103,10 @@ class RealSource:
             state.provider.close_environment(state.environment)
 
     def close(self) -> None:
-        for p in self._providers.values():
+        providers = self.__dict__.get("_providers", {})
+        for p in providers.values():
             p.shutdown()
-        self._providers.clear()
+        providers.clear()
 
 
 @dataclass
