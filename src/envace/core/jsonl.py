@@ -73,8 +73,15 @@ def atomic_write_text(path: Path | str, text: str) -> None:
 
 
 def dumps_record(record: BaseModel | dict[str, Any]) -> str:
+    """One JSON line. Text that UTF-8 cannot carry (a lone surrogate from model output) is
+    written as \\u escapes instead of failing the write, so a record always lands and reads back."""
     obj = record.model_dump(mode="json", exclude_none=True) if isinstance(record, BaseModel) else record
-    return json.dumps(obj, ensure_ascii=False)
+    line = json.dumps(obj, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(obj, ensure_ascii=True)
+    return line
 
 
 def save_jsonl(path: Path | str, records: Iterable[BaseModel | dict[str, Any]]) -> None:
@@ -100,7 +107,10 @@ def read_jsonl_dicts(path: Path | str, tolerate_torn_tail: bool = True) -> list[
     path = Path(path)
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    # split("\n"), not splitlines(): U+2028, U+0085 ... inside a JSON string are not line ends
+    lines = path.read_text(encoding="utf-8").split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
     out = []
     for i, line in enumerate(lines, start=1):
         if not line.strip():

@@ -104,7 +104,7 @@ def validate_task_file(path: str | Path, world: Any = None) -> tuple[int, list[P
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
-        for lineno, line in enumerate(text.splitlines(), start=1):
+        for lineno, line in enumerate(text.split("\n"), start=1):  # as iter_jsonl numbers lines
             if not line.strip():
                 continue
             count += 1

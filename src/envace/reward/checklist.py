@@ -8,6 +8,7 @@ import re
 import sqlite3
 from typing import Any, Protocol
 
+from envace.core import safejson
 from envace.core.errors import VALIDATION_CODES, error_code
 from envace.core.types import ChecklistItem, Task, Trajectory, Verdict, trajectory_calls
 
@@ -39,10 +40,7 @@ def args_match(expected: dict[str, Any], actual: dict[str, Any]) -> bool:
 
 
 def _parse_content(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return None
+    return safejson.loads(text)[0] if isinstance(text, str) else None
 
 
 def _judge_called(item: ChecklistItem, traj: Trajectory) -> Verdict:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envace.core.errors import INVALID_TOOL_CALL_FORMAT, tool_error
+from envace.core.safejson import clean_text
 from envace.core.toolcall import parse_tool_calls
 from envace.core.types import Message, Task, ToolCall, Trajectory, TurnSample
 from envace.core.validate import validate_call
@@ -82,7 +83,8 @@ def read_caller_turn(at: ActorTurn, task: Task, group_id: str, index: int, turn:
         sample = TurnSample(role="caller", group_id=group_id, trajectory_index=index, turn=turn,
                             prompt_ids=at.prompt_ids, gen_ids=at.gen_ids, logprobs=at.logprobs, finish=at.finish)
     parsed = parse_tool_calls(at.text)
-    message = Message(role="assistant", content=at.text.strip(), tool_calls=parsed.calls)
+    # Cleaned: a lone surrogate in the model's text would break the next prompt's tokenizer.
+    message = Message(role="assistant", content=clean_text(at.text).strip(), tool_calls=parsed.calls)
     if parsed.is_final:
         calls: list[tuple[ToolCall | None, dict | None]] = []
     elif parsed.error is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from envace.core.prompts import PromptStyle, render_simulator_prompt
+from envace.core.safejson import clean_text
 from envace.core.toolcall import RESULT_CLOSE, parse_execution_result
 from envace.core.types import EnvRef, Source, Task, ToolCall, TurnSample
 from envace.envs.provider import WorldProvider
@@ -51,10 +52,13 @@ class ResponseSource(Protocol):
 
 
 def dump_result(value: Any) -> str:
+    """What the caller sees of a result: JSON text that tokenizes and writes whatever the tool
+    returned (a user's environment may return NaN, odd objects or lone surrogates)."""
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):  # a user's environment returned something odd
-        return json.dumps(str(value), ensure_ascii=False)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        text = json.dumps(str(value), ensure_ascii=False)
+    return clean_text(text)
 
 
 class RealSource:

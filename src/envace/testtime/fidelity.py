@@ -24,6 +24,8 @@ oracle never errs, so without probes the error metric only sees successes.
 
 from __future__ import annotations
 
+from envace.core import safejson
+
 import json
 import re
 from collections.abc import Iterable
@@ -40,10 +42,10 @@ from envace.testtime.fields import important_fields
 
 
 def _load(text: str) -> tuple[bool, Any]:
-    try:
-        return True, json.loads(text)
-    except (json.JSONDecodeError, TypeError):
+    if not isinstance(text, str):
         return False, None
+    value, why = safejson.loads(text)
+    return why is None, value
 
 
 def first_json(text: str) -> tuple[bool, Any]:

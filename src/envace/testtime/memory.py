@@ -16,6 +16,8 @@ imagined reward of an attempt are never used (at test time the agent does not se
 
 from __future__ import annotations
 
+from envace.core import safejson
+
 import json
 import re
 import time
@@ -57,10 +59,7 @@ class MemoryWriter(Protocol):
 
 
 def _load(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return None
+    return safejson.loads(text)[0] if isinstance(text, str) else None
 
 
 def episode_steps(traj: Trajectory) -> list[tuple[ToolCall | None, Message]]:
