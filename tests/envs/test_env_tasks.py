@@ -12,6 +12,7 @@ from envace.core.errors import is_error
 from envace.core.types import ChecklistItem, Task, ToolCall
 from envace.envs import generate_tasks, load_tasks, make_world, world_names
 from envace.envs.taskgen import build_task
+from envace.envs.provider import table_digests
 from envace.envs.tasks import TASK_SETS
 
 NAMES = world_names()
@@ -33,6 +34,10 @@ def met(item: ChecklistItem, calls: list[tuple[ToolCall, dict]], world, answer: 
         return world.query(item.query) == item.equals
     if item.kind == "answer_contains":
         return item.text.lower() in answer.lower()
+    if item.kind == "end_state":
+        return table_digests(world.query) == item.digests
+    if item.kind == "answer_plain":
+        return 0 < len(answer.strip()) <= item.max_chars and '{"' not in answer
     raise AssertionError(item.kind)
 
 

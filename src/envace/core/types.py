@@ -47,15 +47,23 @@ class ChecklistItem(_Strict):
     state: ``query`` run on the final world DB returns exactly ``equals`` (real source only).
     answer_contains: the final answer contains ``text`` (case-insensitive).
     judge: an LLM judge says the trajectory meets ``criterion``.
+    end_state: every table of the final world DB (or those in ``digests``) equals the reference
+    solution's final state (``digests``: table -> sha256 of its sorted rows), so a write the
+    task did not ask for fails it (real source only).
+
+    answer_plain: the final answer is a reply, not a dump: non-empty, at most ``max_chars``, no
+    pasted JSON tool output (so pasting everything the tools said earns nothing).
     """
 
-    kind: Literal["called", "state", "answer_contains", "judge"]
+    kind: Literal["called", "state", "answer_contains", "judge", "end_state", "answer_plain"]
     tool: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     query: str | None = None
     equals: list[list[Any]] | None = None
     text: str | None = None
     criterion: str | None = None
+    digests: dict[str, str] | None = None
+    max_chars: int | None = Field(None, ge=1)
 
 
 class Example(_Strict):

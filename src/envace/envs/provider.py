@@ -129,3 +129,19 @@ def done(value: Any) -> Future:
     fut: Future = Future()
     fut.set_result(value)
     return fut
+
+
+def table_digests(query: Any, tables: list[str] | None = None) -> dict[str, str]:
+    """sha256 of each table's rows (sorted, so row order does not matter) via ``query(sql)``; all
+    tables but SQLite's own when ``tables`` is None. The end state a task's ``end_state`` item
+    compares: any write the reference did not make changes some table's digest."""
+    import hashlib
+
+    if tables is None:
+        tables = [r[0] for r in query("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                      "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+    out = {}
+    for t in tables:
+        rows = sorted(json.dumps(list(r), default=str) for r in query(f'SELECT * FROM "{t}"'))
+        out[t] = hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+    return out

@@ -18,6 +18,7 @@ from typing import Any
 
 from envace.core.errors import is_error
 from envace.core.types import ChecklistItem, EnvRef, Example, Reference, Task, ToolCall
+from envace.envs.provider import table_digests
 from envace.envs.registry import world_class
 from envace.envs.world import World
 
@@ -98,6 +99,9 @@ class TaskSet:
     samplers: dict[str, Sampler]  # tool -> arguments for a grounding example
 
 
+ANSWER_MIN_CHARS, ANSWER_FACTOR = 240, 3
+
+
 def split_of(seed: int) -> str:
     """About 20% of seeds are test; a hash, so the split never depends on how many tasks exist."""
     digest = int(hashlib.sha256(f"split:{seed}".encode()).hexdigest(), 16)
@@ -124,12 +128,17 @@ def build_task(taskset: TaskSet, index: int, n_examples: int, grounding: str = "
         raise RuntimeError(f"no {taskset.world} scenario of difficulty {difficulty} fits seed {seed}")
     states = [ChecklistItem(kind="state", query=q, equals=draft.world.query(q))
               for q in draft.state_queries]
+    # The reference's whole end state: a collateral or unrelated write fails it (tau2's check).
+    states.append(ChecklistItem(kind="end_state", digests=table_digests(draft.world.query)))
+    # Answers stay answers: a few times the reference's length, no pasted tool JSON.
+    bound = max(ANSWER_MIN_CHARS, ANSWER_FACTOR * len(draft.answer_text))
+    answers = [*draft.answer_items, ChecklistItem(kind="answer_plain", max_chars=bound)]
     return Task(
         id=f"{taskset.world}-{index:04d}",
         domain=taskset.world,
         instruction=draft.instruction,
         tools=draft.world.tools(),
-        checklist=draft.checklist + states + draft.answer_items,
+        checklist=draft.checklist + states + answers,
         examples=pick_examples(taskset, draft, n_examples, grounding),
         env=EnvRef(world=taskset.world, seed=seed),
         split=split_of(seed),  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from envace.core import safejson
 from envace.core.errors import VALIDATION_CODES, error_code
+from envace.envs.provider import table_digests
 from envace.core.types import ChecklistItem, Task, Trajectory, Verdict, trajectory_calls
 
 
@@ -19,6 +20,11 @@ class Judge(Protocol):
 
 class QueryableWorld(Protocol):
     def query(self, sql: str) -> list[list[Any]]: ...
+
+
+# Items that only take reward away: the end state must be the reference's, the answer a reply.
+GUARD_KINDS = ("end_state", "answer_plain")
+GUARD_PENALTY = 0.5
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -81,10 +87,41 @@ def _judge_answer(item: ChecklistItem, traj: Trajectory) -> Verdict:
     return Verdict(item=item, met=ok, detail="" if ok else f"answer lacks {item.text!r}")
 
 
+# An object or a list of objects/strings as tool output prints it: {"key" / [{ / ["
+_PASTED_JSON = re.compile(r'\{\s*"|\[\s*[{"]')
+
+
+def _judge_plain(item: ChecklistItem, traj: Trajectory) -> Verdict:
+    answer = traj.final_answer.strip()
+    if not answer:
+        return Verdict(item=item, met=False, detail="no final answer")
+    if item.max_chars is not None and len(answer) > item.max_chars:
+        return Verdict(item=item, met=False, detail=f"answer of {len(answer)} chars is over the {item.max_chars} allowed")
+    if _PASTED_JSON.search(answer):
+        return Verdict(item=item, met=False, detail="answer pastes JSON tool output")
+    return Verdict(item=item, met=True)
+
+
+def _judge_end_state(item: ChecklistItem, world: QueryableWorld | None) -> Verdict:
+    if world is None:
+        return Verdict(item=item, met=None, detail="end_state items need a real world")
+    query = getattr(world, "query", None)
+    if not callable(query) or not item.digests:
+        return Verdict(item=item, met=None, detail="this world has no SQL state to compare")
+    try:
+        got = table_digests(query, sorted(item.digests))
+    except Exception as e:  # a table the world does not have
+        return Verdict(item=item, met=False, detail=f"SQL error: {e}"[:300])
+    changed = [t for t in sorted(item.digests) if got.get(t) != item.digests[t]]
+    return Verdict(item=item, met=not changed,
+                   detail=f"tables differ from the reference's end state: {', '.join(changed)}" if changed else "")
+
+
 def judge_trajectory(
     task: Task, traj: Trajectory, world: QueryableWorld | None = None, judge: Judge | None = None
 ) -> tuple[float, list[Verdict]]:
-    """Verdict per checklist item; reward is the fraction met among the items that could be judged.
+    """Verdict per checklist item; reward is the fraction met among the items that could be judged,
+    halved for each guard item (``end_state``, ``answer_plain``) that fails.
 
     ``world`` is the real world after the episode (None in rehearsal: state items are skipped);
     ``judge`` answers ``judge`` items (None: skipped).
@@ -97,6 +134,10 @@ def judge_trajectory(
             verdicts.append(_judge_state(item, world))
         elif item.kind == "answer_contains":
             verdicts.append(_judge_answer(item, traj))
+        elif item.kind == "end_state":
+            verdicts.append(_judge_end_state(item, world))
+        elif item.kind == "answer_plain":
+            verdicts.append(_judge_plain(item, traj))
         elif judge is None:
             verdicts.append(Verdict(item=item, met=None, detail="no judge configured"))
         else:
@@ -105,6 +146,13 @@ def judge_trajectory(
             except Exception as e:  # a judge failure is no verdict, never a crashed run
                 met, why = None, f"judge failed: {type(e).__name__}: {e}"
             verdicts.append(Verdict(item=item, met=met, detail=str(why)[:300]))
-    judged = [v.met for v in verdicts if v.met is not None]
-    reward = sum(judged) / len(judged) if judged else 0.0
+    judged = [v.met for v in verdicts if v.met is not None and v.item.kind not in GUARD_KINDS]
+    guards = [v.met for v in verdicts if v.met is not None and v.item.kind in GUARD_KINDS]
+    if judged:
+        reward = sum(judged) / len(judged)
+    else:
+        reward = 1.0 if guards else 0.0
+    # A guard adds nothing when met (doing nothing must not earn partial credit for writing
+    # nothing and saying little); each failed guard halves the reward, so a cheat never reaches 1.
+    reward *= GUARD_PENALTY ** guards.count(False)
     return reward, verdicts
