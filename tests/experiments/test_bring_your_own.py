@@ -135,7 +135,7 @@ def test_tasks_validate_names_file_line_and_field_for_each_problem(tmp_path, cap
     expected = [f"{path}:2: field 'id': duplicate id 'a' (first on line 1)",
                 f"{path}:2: field 'checklist[0].tool': unknown tool 'g'",
                 f"{path}:3: field 'tools[0].function.parameters': not a valid JSON Schema",
-                f"{path}:4: field 'tools[0].function.parameters.properties.s.pattern': '^(a+)+$'",
+                f"{path}:4: field 'tools[0].function.parameters': Value error, properties.s.pattern '^(a+)+$': a repeated",
                 f"{path}:5: field 'checklist[0].query': does not compile against world 'shop': no such table: orderz",
                 f"{path}:5: field 'checklist[1].query': a state query must be one SELECT",
                 f"{path}:6: field 'instruction': Field required"]

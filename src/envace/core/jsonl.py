@@ -35,8 +35,13 @@ def iter_jsonl(path: Path | str, model: type[M]) -> Iterator[M]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataFileError(path, lineno, None, f"not UTF-8 text ({e.reason} at byte {e.start}); "
+                                    "save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from envace.core.patterns import schema_patterns, unsafe_pattern
 
 Role = Literal["caller", "simulator"]
 Source = Literal["real", "simulator", "rehearsal"]
@@ -22,6 +24,14 @@ class FunctionSpec(_Strict):
     name: str = Field(min_length=1)
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    @field_validator("parameters")
+    @classmethod
+    def _safe_patterns(cls, parameters: dict[str, Any]) -> dict[str, Any]:
+        for where, pattern in schema_patterns(parameters):
+            if why := unsafe_pattern(pattern):
+                raise ValueError(f"{where or 'parameters'}.pattern {pattern!r}: {why}")
+        return parameters
 
 
 class ToolSpec(_Strict):

@@ -12,6 +12,7 @@ import math
 import random
 import sqlite3
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
@@ -123,6 +124,21 @@ _IMAGES: OrderedDict[tuple[type, int], bytes] = OrderedDict()
 _IMAGE_LOCK = threading.Lock()
 
 
+QUERY_TIME_LIMIT_S = 2.0
+_READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+
+
+_READ_PRAGMAS = {"table_info", "table_xinfo", "table_list", "index_list", "index_info", "foreign_key_list"}
+
+
+def _read_only(action: int, arg1: Any = None, arg2: Any = None, *_: Any) -> int:
+    if action in _READ_ACTIONS:
+        return sqlite3.SQLITE_OK
+    if action == sqlite3.SQLITE_PRAGMA and arg1 in _READ_PRAGMAS:
+        return sqlite3.SQLITE_OK  # schema introspection; these pragmas cannot write
+    return sqlite3.SQLITE_DENY
+
+
 class World:
     """A SQLite-backed tool world; ``World(seed)`` builds it, a fresh instance is the reset."""
 
@@ -206,13 +222,18 @@ class World:
         self.calls.append((ToolCall(name=str(name), arguments=recorded), result))
         return result
 
-    def query(self, sql: str) -> list[list]:
-        """Run one read-only statement; sqlite3.Error propagates (a write attempt is one)."""
-        self.db.execute("PRAGMA query_only = ON")
+    def query(self, sql: str, time_limit_s: float = QUERY_TIME_LIMIT_S) -> list[list]:
+        """Run one read-only statement from a task file; sqlite3.Error propagates. An authorizer
+        allows reading only (no ATTACH, which would create a file, no PRAGMA, no writes), and a
+        progress handler stops a query that runs past ``time_limit_s``."""
+        deadline = time.monotonic() + time_limit_s
+        self.db.set_authorizer(_read_only)
+        self.db.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
         try:
             return [list(row) for row in self.db.execute(sql).fetchall()]
         finally:
-            self.db.execute("PRAGMA query_only = OFF")
+            self.db.set_progress_handler(None, 0)
+            self.db.set_authorizer(None)
 
     # -- helpers for subclasses -----------------------------------------------------------
 

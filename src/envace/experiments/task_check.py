@@ -20,17 +20,10 @@ import jsonschema
 from pydantic import ValidationError
 
 from envace.core.jsonl import _field_path
+from envace.core.patterns import unsafe_pattern
 from envace.core.types import EnvRef, Task
 from envace.core.validate import schema_error
 from envace.envs.registry import resolve_world
-
-# A repeated group whose content starts with a repeated atom: (a+)+, (\w+\s?)* ... the shapes whose
-# backtracking grows exponentially on a near-miss. A group that starts with a fixed delimiter, like
-# (-[a-z]+)*, splits unambiguously and passes.
-_NESTED_QUANTIFIER = re.compile(r"\((?:\?:)?(?:\\.|\[(?:[^\]\\]|\\.)*\]|[^()\\|])[+*{](?:[^()\\]|\\.)*\)[+*{]")
-_ALTERNATION_REPEATED = re.compile(r"\((?:[^()\\]|\\.)*\|(?:[^()\\]|\\.)*\)[+*{]")
-MAX_PATTERN = 1000
-
 
 @dataclass
 class Problem:
@@ -40,28 +33,6 @@ class Problem:
 
     def render(self, path: str) -> str:
         return f"{path}:{self.line}: field '{self.field}': {self.message}"
-
-
-def unsafe_pattern(pattern: str) -> str | None:
-    """Why a regex could stall a call (catastrophic backtracking), or None."""
-    if len(pattern) > MAX_PATTERN:
-        return f"pattern longer than {MAX_PATTERN} characters"
-    try:
-        re.compile(pattern)
-    except re.error as e:
-        return f"not a valid regular expression ({e})"
-    if _NESTED_QUANTIFIER.search(pattern):
-        return "a repeated group that itself repeats (like (a+)+) can backtrack catastrophically"
-    if _ALTERNATION_REPEATED.search(pattern):
-        alts = re.search(r"\(([^()]*)\)[+*{]", pattern)
-        if alts and _overlapping(alts.group(1).split("|")):
-            return "a repeated alternation whose branches overlap (like (a|aa)*) can backtrack catastrophically"
-    return None
-
-
-def _overlapping(branches: list[str]) -> bool:
-    firsts = [b[:1] for b in branches if b]
-    return len(firsts) != len(set(firsts)) or any(b == "" for b in branches)
 
 
 def _patterns(schema: Any, where: str) -> list[tuple[str, str]]:

@@ -341,7 +341,7 @@ class HTTPBackend:
                 try:
                     request = urllib.request.Request(url, data=data, headers=headers, method=method)
                     with urllib.request.urlopen(request, timeout=self.timeout) as resp:
-                        raw = resp.read()
+                        raw = _read_by(resp, time.monotonic() + self.timeout)
                     try:
                         return json.loads(raw.decode("utf-8"))
                     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -382,6 +382,19 @@ class HTTPBackend:
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+def _read_by(resp: Any, deadline: float) -> bytes:
+    """The whole body, or TimeoutError past ``deadline``: the socket timeout bounds one read, so a
+    server trickling bytes could otherwise hold a request far past ``timeout``."""
+    chunks = []
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the response did not arrive within the timeout")
+        chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def chat_result(response: dict[str, Any], url: str = "") -> ChatResult:

@@ -352,9 +352,30 @@ def _make_handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802
             path = self.path.split("?", 1)[0].rstrip("/")
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+            # The key first: an unauthorised client gets nothing read, not even its body.
             if not self._authorised():
+                self.close_connection = True
+                return
+            declared = self.headers.get("Content-Length")
+            if declared is None or not declared.strip().isdigit():
+                self._error(411 if declared is None else 400, "a valid Content-Length header is required",
+                            "invalid_request_error")
+                self.close_connection = True
+                return
+            length = int(declared)
+            if length > MAX_BODY_BYTES:
+                self._error(413, f"request body over {MAX_BODY_BYTES} bytes", "invalid_request_error")
+                self.close_connection = True
+                return
+            self.connection.settimeout(BODY_TIMEOUT_S)  # a body shorter than declared cannot hang us
+            try:
+                raw = self.rfile.read(length) if length else b""
+            except (TimeoutError, OSError):
+                self.close_connection = True
+                return
+            if len(raw) < length:
+                self._error(400, "the request body is shorter than its Content-Length", "invalid_request_error")
+                self.close_connection = True
                 return
             route = routes_post.get(path)
             if route is None:
@@ -372,6 +393,10 @@ def _make_handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 self._error(500, f"{type(err).__name__}: {err}", "server_error")
 
     return Handler
+
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+BODY_TIMEOUT_S = 30.0
 
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, device: str = "cpu",
