@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+            PermissionError) as e:
         # Bad input: one clear line, no traceback.
         print(f"envace {args.command}: error: {e}", file=sys.stderr)
         return 2

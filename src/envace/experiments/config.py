@@ -5,6 +5,7 @@ A bad value fails before anything runs, with the file and the dotted field path.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `steps: true` or `lr: "1e-4"` is an error, not 1 or a silent coercion (ints still
+    # pass for floats: `lr: 1` is 1.0)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class PromptConfig(_Section):
@@ -198,6 +201,24 @@ class ConfigError(ValueError):
     pass
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``1e-4`` (no dot) as a string; configs mean a number."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
@@ -222,7 +243,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml_load(raw)
+        except yaml.YAMLError as e:
+            first = str(e).strip().splitlines()[0]
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({first})") from None
     return data
 
 
@@ -236,10 +261,16 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"config file {path} does not exist")
+        if not path.is_file():
+            raise ConfigError(f"{path}: not a file (give a YAML config file, e.g. configs/demo.yaml)")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if data is None:
+            raise ConfigError(f"{path}: the config file is empty (leave --config out to run the defaults)")
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of settings")
         origin = str(path)

@@ -49,6 +49,10 @@ class RunDir:
     @classmethod
     def create(cls, root: Path | str, kind: str, config: dict[str, Any], seed: int | None = None,
                name: str | None = None) -> "RunDir":
+        if name is not None and (not name.strip() or name in (".", "..") or "/" in name or "\\" in name
+                                 or Path(name).is_absolute() or "\x00" in name):
+            raise ValueError(f"run name {name!r} must be one plain folder name (no '/', '..' or absolute path): "
+                             "runs are written only inside --out")
         path = Path(root) / (name or new_run_id(kind))
         if path.exists() and any(path.iterdir()):
             raise FileExistsError(f"run directory {path} already exists and is not empty (use --resume to continue it)")

@@ -301,6 +301,15 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
         run = RunDir(Path(dist.broadcast_object(accelerator, str(created.path) if created else "")))
     else:
         run = RunDir.open(resume)
+    if resume is not None and main and _warm_start_lost(cfg, run):
+        # Killed during the warm start: no GRPO step exists yet, so redo it rather than train GRPO
+        # from the untrained model (which a bare resume would silently do).
+        log(f"resuming {run.path}: the SFT warm start did not finish; redoing it")
+        init = Path(cfg.sft.init_from) if cfg.sft.init_from else None
+        policy, tok = run_policy(cfg, init)
+        policy.to(_device(accelerator, cfg))
+        _clear_phase(run, "sft")
+        warm_start(policy, tok, cfg, run, log)
     if resume is not None or not main:
         policy, tok = run_policy(cfg, run.path / SFT_DIR)
         policy.to(_device(accelerator, cfg))
@@ -330,6 +339,24 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
     updaters = dist.prepare_updaters(accelerator, updaters, cfg.parallel, optimizer_states)
     return TrainState(run=run, models=models, updaters=updaters, start_step=start_step, start_model=start_model,
                       accelerator=accelerator)
+
+
+def _warm_start_lost(cfg: TrainConfig, run: RunDir) -> bool:
+    """The run should have a warm start and has no complete one, and no GRPO checkpoint either."""
+    if not cfg.sft.enabled or find_latest(run.path / CKPT_DIR) is not None:
+        return False
+    if find_latest(run.path / SFT_DIR) is not None:
+        return False
+    return bool(cfg.sft.init_from) or sft_possible(cfg, train_tasks(cfg))
+
+
+def _clear_phase(run: RunDir, phase: str) -> None:
+    """Drop a redone phase's metric rows, so they do not count twice."""
+    from envace.core.jsonl import read_jsonl_dicts, save_jsonl
+
+    path = run.path / "metrics.jsonl"
+    if path.exists():
+        save_jsonl(path, [r for r in read_jsonl_dicts(path) if r.get("phase") != phase])
 
 
 def _device(accelerator: Any | None, cfg: TrainConfig) -> Any:

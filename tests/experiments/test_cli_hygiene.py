@@ -1,0 +1,61 @@
+"""Bad input on the command line: one line, exit 2, nothing written where it should not be; a run
+killed during its warm start resumes by redoing the warm start."""
+
+import json
+
+import pytest
+import yaml
+
+from envace.cli.main import main
+from envace.experiments.rundir import RunDir
+from envace.experiments.train_job import train
+from envace.experiments.config import load_config
+
+from test_train_job import TINY, _cfg  # tests/experiments is on sys.path (pytest prepend mode)
+
+
+def _one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_run_names_cannot_escape_out(tmp_path, capsys):
+    out = tmp_path / "runs"
+    for name in ("../../x", "/tmp/abs", "a/b", ".."):
+        err = _one_line_error(capsys, ["eval", "--model", "tiny", "--tasks", "1", "--out", str(out), "--name", name])
+        assert "one plain folder name" in err
+    assert not (tmp_path / "x").exists() and not any(tmp_path.glob("**/b"))
+
+
+def test_bad_configs_are_one_line_errors(tmp_path, capsys):
+    _one_line_error(capsys, ["train", "--config", str(tmp_path)])  # a folder
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert "is empty" in _one_line_error(capsys, ["train", "--config", str(empty)])
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("model: caf\xe9\n".encode("latin-1"))
+    assert "latin.yaml: not UTF-8" in _one_line_error(capsys, ["train", "--config", str(latin)])
+    good = _cfg(tmp_path)
+    assert "not valid YAML" in _one_line_error(capsys, ["train", "--config", str(good), "--set", "x=[unclosed"])
+    assert "field 'steps'" in _one_line_error(capsys, ["train", "--config", str(good), "--set", "steps=true"])
+    assert "field 'grpo.lr'" in _one_line_error(capsys, ["train", "--config", str(good), "--set", "grpo.lr=fast"])
+    assert load_config(good, ["grpo.lr=1e-4"]).grpo.lr == 1e-4  # YAML 1.1 would read 1e-4 as a string
+
+
+def test_a_run_killed_in_its_warm_start_redoes_it_on_resume(tmp_path):
+    cfg = load_config(_cfg(tmp_path), ["steps=1"])
+    run = train(cfg, log=lambda *_: None)
+    # The state a kill during SFT leaves: the run directory, no warm start, no GRPO step.
+    import shutil
+
+    for d in ("sft", "checkpoints"):
+        shutil.rmtree(run.path / d)
+    (run.path / "metrics.jsonl").unlink()
+    lines = []
+    train(cfg, resume=run.path, log=lines.append)
+    assert any("the SFT warm start did not finish; redoing it" in line for line in lines)
+    assert (run.path / "sft").is_dir() and (run.path / "checkpoints").is_dir()
+    phases = [r["phase"] for r in RunDir.open(run.path).metrics()]
+    assert phases.count("sft") == 1 and "train" in phases
