@@ -59,3 +59,17 @@ def test_a_run_killed_in_its_warm_start_redoes_it_on_resume(tmp_path):
     assert (run.path / "sft").is_dir() and (run.path / "checkpoints").is_dir()
     phases = [r["phase"] for r in RunDir.open(run.path).metrics()]
     assert phases.count("sft") == 1 and "train" in phases
+
+
+def test_a_run_killed_in_its_final_eval_redoes_it_on_resume(tmp_path):
+    from envace.core.jsonl import read_jsonl_dicts, save_jsonl
+
+    cfg = load_config(_cfg(tmp_path), ["steps=1"])
+    run = train(cfg, log=lambda *_: None)
+    rows = read_jsonl_dicts(run.path / "metrics.jsonl")
+    save_jsonl(run.path / "metrics.jsonl", [r for r in rows if not (r["phase"] == "eval" and r["step"] == 1)])
+    lines = []
+    train(cfg, resume=run.path, log=lines.append)
+    assert any(line.startswith("final real eval (step 1)") for line in lines)
+    evals = [r["step"] for r in RunDir.open(run.path).metrics() if r["phase"] == "eval"]
+    assert evals == [0, 1]

@@ -444,7 +444,6 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if eval0:
         log(f"step 0 {kind} eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
     bar = StepProgress("train", total=cfg.steps, start=st.start_step) if main else None
-    last_eval = st.start_step
     for step in range(st.start_step + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         all_tasks = step_tasks(pool, cfg, step)
@@ -504,12 +503,14 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                  "tok/s": row["gen_tokens_per_s"]}
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.steps:
             shown.update({"eval": do_eval(step)["eval/success"]})
-            last_eval = step
         if bar is not None:
             bar.update(step, cfg.steps, shown)
     if bar is not None:
         bar.close()
-    if last_eval != cfg.steps and cfg.steps > st.start_step:
+    # Also after a resume whose run was killed during its final eval: that eval is redone.
+    final_missing = dist.broadcast_object(acc, main and not any(
+        m.get("phase") == "eval" and m.get("step") == cfg.steps for m in run.metrics()))
+    if final_missing:
         final = do_eval(cfg.steps)
         log(f"final {kind} eval (step {cfg.steps}): {final}")
     from envace.experiments.report import write_train_report
