@@ -24,7 +24,7 @@ from envace.core.toolcall import format_tool_call
 from envace.core.types import ToolCall
 from envace.envs.registry import world_class, world_names
 from envace.envs.tasks import load_tasks
-from envace.reward.checklist import GUARD_KINDS, judge_trajectory
+from envace.reward.checklist import GUARD_KINDS
 from envace.rollout.actors import ActorTurn
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import RealSource

@@ -1,7 +1,6 @@
 """A user's own environment: Python tool functions or classes, import paths, the entry-point group."""
 
 import sys
-import textwrap
 
 import pytest
 

@@ -1,17 +1,14 @@
 """Bad input on the command line: one line, exit 2, nothing written where it should not be; a run
 killed during its warm start resumes by redoing the warm start."""
 
-import json
 
-import pytest
-import yaml
 
 from envace.cli.main import main
 from envace.experiments.rundir import RunDir
 from envace.experiments.train_job import train
 from envace.experiments.config import load_config
 
-from test_train_job import TINY, _cfg  # tests/experiments is on sys.path (pytest prepend mode)
+from test_train_job import _cfg  # tests/experiments is on sys.path (pytest prepend mode)
 
 
 def _one_line_error(capsys, argv) -> str:

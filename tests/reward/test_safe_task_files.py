@@ -2,7 +2,6 @@
 regex patterns that backtrack catastrophically are refused where tasks are read."""
 
 import json
-import os
 import sqlite3
 import time
 

@@ -8,7 +8,6 @@ and it records every call it receives (valid or not) in ``self.calls``.
 from __future__ import annotations
 
 import copy
-import math
 import random
 import sqlite3
 import threading
@@ -24,6 +23,7 @@ from jsonschema.exceptions import best_match
 
 from envace.core.errors import INVALID_PARAMETERS, TOOL_NOT_AVAILABLE, tool_error
 from envace.core.types import FunctionSpec, ToolCall, ToolSpec
+from envace.envs.provider import bad_value
 
 # Tool schemas come from these small builders so that every world spells types the same way.
 ID = {"type": "string", "minLength": 1, "maxLength": 40}
@@ -99,22 +99,6 @@ def parse_date(value: str) -> date:
         return date.fromisoformat(value)
     except ValueError:
         raise ToolFailure("INVALID_DATE", f"{value!r} is not a valid calendar date") from None
-
-
-def _bad_value(value: Any) -> str | None:
-    """What jsonschema lets through but SQLite or arithmetic would choke on."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "numbers must be finite"
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return "strings must be valid UTF-8"
-    if isinstance(value, dict):
-        return next((e for v in value.values() if (e := _bad_value(v))), None)
-    if isinstance(value, list):
-        return next((e for v in value if (e := _bad_value(v))), None)
-    return None
 
 
 _BASE_SCHEMA = "CREATE TABLE sequences(name TEXT PRIMARY KEY, next INT);\n"
@@ -270,7 +254,7 @@ class World:
             )
         if not isinstance(arguments, dict):
             return tool_error(INVALID_PARAMETERS, "arguments must be a JSON object")
-        if bad := _bad_value(arguments):
+        if bad := bad_value(arguments):
             return tool_error(INVALID_PARAMETERS, bad)
         error = best_match(self._validators[name].iter_errors(arguments))
         if error is not None:

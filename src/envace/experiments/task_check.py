@@ -20,7 +20,7 @@ import jsonschema
 from pydantic import ValidationError
 
 from envace.core.jsonl import _field_path
-from envace.core.patterns import unsafe_pattern
+from envace.core.patterns import schema_patterns, unsafe_pattern
 from envace.core.types import EnvRef, Task
 from envace.core.validate import schema_error
 from envace.envs.registry import resolve_world
@@ -33,20 +33,6 @@ class Problem:
 
     def render(self, path: str) -> str:
         return f"{path}:{self.line}: field '{self.field}': {self.message}"
-
-
-def _patterns(schema: Any, where: str) -> list[tuple[str, str]]:
-    out = []
-    if isinstance(schema, dict):
-        for k, v in schema.items():
-            if k == "pattern" and isinstance(v, str):
-                out.append((where, v))
-            else:
-                out += _patterns(v, f"{where}.{k}")
-    elif isinstance(schema, list):
-        for i, v in enumerate(schema):
-            out += _patterns(v, f"{where}[{i}]")
-    return out
 
 
 def check_state_query(sql: str) -> str | None:
@@ -133,7 +119,7 @@ def _check_task(task: Task, line: int, world: Any, providers: dict[str, Any]) ->
         except jsonschema.SchemaError as e:
             out.append(Problem(line, where, f"not a valid JSON Schema: {e.message}"))
             continue
-        for at, pattern in _patterns(t.function.parameters, where):
+        for at, pattern in schema_patterns(t.function.parameters, where):
             if why := unsafe_pattern(pattern):
                 out.append(Problem(line, at + ".pattern", f"{pattern!r}: {why}"))
     for i, item in enumerate(task.checklist):

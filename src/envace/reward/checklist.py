@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import sqlite3
 from typing import Any, Protocol
 
 from envace.core import safejson
