@@ -76,7 +76,8 @@ def _run(args: argparse.Namespace) -> int:
         return _run_bench(args)
     job = EvalJob(
         model=args.model, world=(args.world or "shop") if not args.task_file else "shop",
-        real_world=args.world if args.task_file else None, task_file=args.task_file, split=args.split, tasks=args.tasks,
+        real_world=args.world if args.task_file else None, task_file=args.task_file,
+        judge_model=args.judge_model, split=args.split, tasks=args.tasks,
         rehearse=args.rehearse, budget=args.budget, sweep=args.sweep,
         budgets=parse_int_list(args.budgets, "--budgets"),
         modes=[m.strip() for m in args.modes.split(",") if m.strip()], memory=args.memory,

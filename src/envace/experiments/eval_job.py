@@ -55,6 +55,7 @@ class EvalJob:
     model: str = "smollm2"
     world: str = "shop"  # embedded world(s): a name, a comma list or "all"
     real_world: Any = None  # with task_file: the real environment of tasks that name none (--world)
+    judge_model: str | None = None  # judge of `judge` checklist items (None: they are not judged)
     task_file: str | None = None
     split: str = "test"
     tasks: int = 10  # per world (or in all, for a task file)
@@ -181,6 +182,7 @@ class EvalParts:
     fidelity_source: Any
     writer: Any
     style: PromptStyle
+    judge: Any = None  # of `judge` checklist items in the committed runs
 
 
 def build_parts(job: EvalJob, caller: Any, simulator_backend: Any, style: PromptStyle | None = None) -> EvalParts:
@@ -198,7 +200,13 @@ def build_parts(job: EvalJob, caller: Any, simulator_backend: Any, style: Prompt
                            max_new_tokens=job.fidelity_max_new_tokens, temperature=0.0)
     writer = make_memory_writer(job.memory, caller, max_new_tokens=job.summary_max_new_tokens,
                                 max_chars=job.memory_max_chars)
-    return EvalParts(commit_actor, rehearsal_actor, simulator, fidelity, writer, style)
+    judge = None
+    if job.judge_model:
+        from envace.experiments.factory import load_backend
+        from envace.reward.judge import ModelJudge
+
+        judge = ModelJudge(caller if job.judge_model == job.model else load_backend(job.judge_model, job.max_batch))
+    return EvalParts(commit_actor, rehearsal_actor, simulator, fidelity, writer, style, judge)
 
 
 def run_testtime_part(job: EvalJob, tasks: list[Task], parts: EvalParts, run: RunDir, log=print) -> None:
@@ -207,13 +215,13 @@ def run_testtime_part(job: EvalJob, tasks: list[Task], parts: EvalParts, run: Ru
     if job.sweep:
         results, rsets = budget_sweep(tasks, parts.rehearsal_actor, parts.commit_actor, parts.simulator,
                                       job.budgets, tuple(job.modes), parts.writer, job.max_turns, log,
-                                      world=job.real_world)
+                                      world=job.real_world, judge=parts.judge)
     else:
         budget = effective_budget(job)
         log(f"condition {job.rehearse} (budget {budget}) on {len(tasks)} tasks")
         result, rset = run_private_rehearsal(tasks, parts.rehearsal_actor, parts.commit_actor, parts.simulator,
                                              job.rehearse, budget, parts.writer, job.max_turns, log=log,
-                                             world=job.real_world)
+                                             world=job.real_world, judge=parts.judge)
         results, rsets = [result], ({rset.mode: rset} if rset is not None else {})
     for mode, rset in rsets.items():
         run.add_trajectories([r.to_row(mode) for rs in rset.attempts.values() for r in rs], name="rehearsals.jsonl")

@@ -311,16 +311,17 @@ class ConditionResult:
 
 
 def commit(tasks: list[Task], actor: Actor, real_source: RealSource, memories: Mapping[str, str],
-           max_turns: int = 4) -> list[Trajectory]:
-    """The one committed run per task, in the real world, with each task's memory in the prompt."""
+           max_turns: int = 4, judge: Any = None) -> list[Trajectory]:
+    """The one committed run per task, in the real world, with each task's memory in the prompt
+    (``judge``: the judge of ``judge`` checklist items, if any)."""
     trajs, _ = run_episodes(tasks, MemoryActor(actor, memories), real_source,
-                            RolloutConfig(group_size=1, max_turns=max_turns))
+                            RolloutConfig(group_size=1, max_turns=max_turns), judge=judge)
     return trajs
 
 
 def commit_condition(tasks: list[Task], commit_actor: Actor, rset: RehearsalSet | None, budget: int,
                      writer: MemoryWriter, max_turns: int = 4, real_source: RecordingRealSource | None = None,
-                     log: Log | None = None, world: Any = None) -> ConditionResult:
+                     log: Log | None = None, world: Any = None, judge: Any = None) -> ConditionResult:
     """Condense the first ``budget`` attempts of ``rset`` (none when budget is 0) and commit.
 
     ``real_source`` should be created before the rehearsal it follows (its calls up to the
@@ -339,7 +340,7 @@ def commit_condition(tasks: list[Task], commit_actor: Actor, rset: RehearsalSet 
     # "zero real calls while rehearsing" is shown rather than assumed.
     during = source.total_calls()
     try:
-        trajs = commit(tasks, commit_actor, source, {tid: m.text for tid, m in memories.items()}, max_turns)
+        trajs = commit(tasks, commit_actor, source, {tid: m.text for tid, m in memories.items()}, max_turns, judge)
     finally:
         source.close()  # MCP servers and loops; the recorded calls stay readable
     wall = time.perf_counter() - t0
@@ -371,7 +372,7 @@ def run_private_rehearsal(tasks: list[Task], rehearsal_actor: Actor, commit_acto
                           simulator: ResponseSource, mode: str, budget: int,
                           memory_writer: MemoryWriter | None = None, max_turns: int = 4,
                           real_source: RecordingRealSource | None = None, log: Log | None = None,
-                          world: Any = None) -> tuple[ConditionResult, RehearsalSet | None]:
+                          world: Any = None, judge: Any = None) -> tuple[ConditionResult, RehearsalSet | None]:
     """Rehearse ``budget`` imagined episodes per task (``mode``), condense, commit once for real.
 
     ``mode='none'`` (budget 0) is the plain real-world run, the baseline of the sweep.
@@ -382,13 +383,13 @@ def run_private_rehearsal(tasks: list[Task], rehearsal_actor: Actor, commit_acto
     rset = None
     if mode != "none":
         rset = rehearse(tasks, rehearsal_actor, simulator, mode, budget, writer, max_turns, log)
-    return commit_condition(tasks, commit_actor, rset, budget, writer, max_turns, source, log), rset
+    return commit_condition(tasks, commit_actor, rset, budget, writer, max_turns, source, log, judge=judge), rset
 
 
 def budget_sweep(tasks: list[Task], rehearsal_actor: Actor, commit_actor: Actor, simulator: ResponseSource,
                  budgets: list[int], modes: tuple[str, ...] = REHEARSE_MODES,
                  memory_writer: MemoryWriter | None = None, max_turns: int = 4, log: Log | None = None,
-                 world: Any = None) -> tuple[list[ConditionResult], dict[str, RehearsalSet]]:
+                 world: Any = None, judge: Any = None) -> tuple[list[ConditionResult], dict[str, RehearsalSet]]:
     """Success and cost for every budget of every mode; budget 0 (no rehearsal) is run once.
 
     Each mode rehearses once with the largest budget and budget b uses the first b attempts. For
@@ -408,7 +409,8 @@ def budget_sweep(tasks: list[Task], rehearsal_actor: Actor, commit_actor: Actor,
     if 0 in budgets:
         if log:
             log("condition none (no rehearsal)")
-        results.append(commit_condition(tasks, commit_actor, None, 0, writer, max_turns, log=log, world=world))
+        results.append(commit_condition(tasks, commit_actor, None, 0, writer, max_turns, log=log, world=world,
+                                        judge=judge))
     rsets: dict[str, RehearsalSet] = {}
     positive = [b for b in budgets if b > 0]
     for m in modes if positive else ():
@@ -417,5 +419,6 @@ def budget_sweep(tasks: list[Task], rehearsal_actor: Actor, commit_actor: Actor,
         sources = {b: RecordingRealSource(world) for b in positive}  # before rehearsing: see commit_condition
         rsets[m] = rset = rehearse(tasks, rehearsal_actor, simulator, m, max(positive), writer, max_turns, log)
         for b in positive:
-            results.append(commit_condition(tasks, commit_actor, rset, b, writer, max_turns, sources[b], log))
+            results.append(commit_condition(tasks, commit_actor, rset, b, writer, max_turns, sources[b], log,
+                                            judge=judge))
     return results, rsets
