@@ -143,3 +143,40 @@ def test_episodes_in_python_tools_with_the_runs_world(tools_dir):
     no_world = task.model_copy(update={"env": None})
     with pytest.raises(ValueError, match="no 'env' world and the run names none"):
         RealSource().start(no_world)
+
+
+SQLITE_WORLD = '''
+from envace.envs.world import World, tool, ToolFailure
+
+
+class Ledger(World):
+    name = "ledger"
+    schema = "CREATE TABLE entries(id TEXT PRIMARY KEY, amount INT);"
+
+    def populate(self, rng):
+        for i in range(3):
+            self.db.execute("INSERT INTO entries VALUES (?, ?)", (f"x-{i}", rng.randint(1, 9)))
+
+    @tool("Delete an entry.", {"entry_id": {"type": "string"}}, ("entry_id",), writes=True)
+    def delete_entry(self, entry_id):
+        if self.scalar("SELECT count(*) FROM entries WHERE id = ?", entry_id) == 0:
+            raise ToolFailure("NOT_FOUND", f"no entry {entry_id}")
+        self.db.execute("DELETE FROM entries WHERE id = ?", (entry_id,))
+        return {"deleted": entry_id}
+'''
+
+
+def test_a_users_world_subclass_by_file_path_runs_state_items(tmp_path):
+    (tmp_path / "ledger.py").write_text(SQLITE_WORLD)
+    spec = str(tmp_path / "ledger.py") + ":Ledger"
+    world = resolve_world(spec)
+    assert isinstance(world, SQLiteWorlds) and [t.name for t in world.tools()] == ["delete_entry"]
+    task = Task(id="l", instruction="delete x-1", tools=world.tools(), env=EnvRef(world=spec, seed=4),
+                checklist=[{"kind": "state", "query": "SELECT id FROM entries ORDER BY id", "equals": [["x-0"], ["x-2"]]}],
+                reference=Reference(calls=[ToolCall(name="delete_entry", arguments={"entry_id": "x-1"})], answer="ok"))
+    source = RealSource()
+    (traj,), _ = run_episodes([task], OracleActor(), source, RolloutConfig(max_turns=3))
+    source.close()
+    assert traj.reward == 1.0
+    env = world.open(EnvRef(seed=4))
+    assert error_code(env.call("delete_entry", {"entry_id": "x-9"})) == "NOT_FOUND"

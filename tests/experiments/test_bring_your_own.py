@@ -212,3 +212,11 @@ def test_judge_items_are_judged_by_an_endpoint_in_training_and_eval(tmp_path):
         assert "judge unavailable" in traj.verdicts[2].detail
         assert traj.reward == 0.5
     assert Task.model_validate(rows[0] | {"checklist": judged}).checklist[0].kind == "judge"
+
+
+def test_tasks_tools_prints_the_derived_schemas(capsys):
+    assert main(["tasks", "tools", "--world", str(LIBRARY / "library.py") + ":Library"]) == 0
+    tools = json.loads(capsys.readouterr().out)
+    assert {t["function"]["name"] for t in tools} == {"search_books", "book_status", "find_member", "borrow_book",
+                                                     "list_loans"}
+    assert main(["tasks", "tools", "--world", "no_such_world_anywhere"]) == 2
