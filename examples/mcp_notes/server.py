@@ -1,15 +1,18 @@
 """A small MCP server (the official SDK's MCPServer, formerly FastMCP) over the notes service.
 
-Run it as envace does: ``python examples/mcp_notes/server.py`` (stdio). ``reset(seed)`` seeds
+Run it as envace does: ``python examples/mcp_notes/server.py`` (stdio), or as a service over
+streamable HTTP: ``python examples/mcp_notes/server.py --http 8765`` (then
+``--world http://127.0.0.1:8765/mcp``; one session per episode, the reset tool seeds it). ``reset(seed)`` seeds
 the session's notes; envace calls it when each episode's session opens (``reset_tool: reset``).
 """
 
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -25,45 +28,61 @@ def _do(fn, *args):
     except (KeyError, ValueError) as e:
         raise ToolError(str(e).strip("'")) from None
 
-state = {"notes": Notes(0)}
+# One notes store per client session: under stdio that is the process, over HTTP each episode's
+# session has its own, so concurrent episodes never see each other's writes.
+sessions: OrderedDict[object, Notes] = OrderedDict()
+MAX_SESSIONS = 1024
+
+
+def notes(ctx: Context, fresh: Notes | None = None) -> Notes:
+    headers = ctx.headers or {}
+    key = headers.get("mcp-session-id") or id(ctx.session)  # HTTP: the session header; stdio: the one session
+    if fresh is not None or key not in sessions:
+        sessions[key] = fresh or Notes(0)
+        while len(sessions) > MAX_SESSIONS:
+            sessions.popitem(last=False)
+    return sessions[key]
 
 
 @server.tool()
-def reset(seed: int = 0) -> dict:
+def reset(ctx: Context, seed: int = 0) -> dict:
     """Start the session over with the notes of ``seed``."""
-    state["notes"] = Notes(seed)
+    notes(ctx, Notes(seed))
     return {"ok": True}
 
 
 @server.tool()
-def list_notes(tag: str | None = None) -> list[dict]:
+def list_notes(ctx: Context, tag: str | None = None) -> list[dict]:
     """List notes (id, title, tag), optionally only those with one tag."""
-    return state["notes"].list_notes(tag)
+    return notes(ctx).list_notes(tag)
 
 
 @server.tool()
-def get_note(note_id: str) -> dict:
+def get_note(ctx: Context, note_id: str) -> dict:
     """Read one note: its title, body and tag."""
-    return _do(state["notes"].get_note, note_id)
+    return _do(notes(ctx).get_note, note_id)
 
 
 @server.tool()
-def search_notes(text: str) -> list[dict]:
+def search_notes(ctx: Context, text: str) -> list[dict]:
     """Find notes whose title or body contains the text (case-insensitive)."""
-    return state["notes"].search_notes(text)
+    return notes(ctx).search_notes(text)
 
 
 @server.tool()
-def create_note(title: str, body: str, tag: str = "later") -> dict:
+def create_note(ctx: Context, title: str, body: str, tag: str = "later") -> dict:
     """Create a note; tag is one of home, urgent, later, family, office. Returns the new note."""
-    return _do(state["notes"].create_note, title, body, tag)
+    return _do(notes(ctx).create_note, title, body, tag)
 
 
 @server.tool()
-def delete_note(note_id: str) -> dict:
+def delete_note(ctx: Context, note_id: str) -> dict:
     """Delete a note by id."""
-    return _do(state["notes"].delete_note, note_id)
+    return _do(notes(ctx).delete_note, note_id)
 
 
 if __name__ == "__main__":
-    server.run()
+    if "--http" in sys.argv:  # streamable HTTP: python server.py --http PORT (envace: --world http://127.0.0.1:PORT/mcp)
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[sys.argv.index("--http") + 1]))
+    else:
+        server.run()

@@ -138,3 +138,37 @@ def test_mcp_specs_parse_from_strings():
     assert MCPSpec.parse("http://127.0.0.1:8000/mcp").url == "http://127.0.0.1:8000/mcp"
     with pytest.raises(ValueError, match="exactly one"):
         MCPSpec(command=["x"], url="http://y")
+
+
+def test_a_streamable_http_server_gives_each_episode_its_own_session(tmp_path):
+    """The notes example served over HTTP (started by the test): concurrent episodes, each reset
+    to its own seed, never see each other's writes."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = Path(__file__).resolve().parents[2] / "examples" / "mcp_notes" / "server.py"
+    proc = subprocess.Popen([sys.executable, str(server), "--http", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        world = None
+        for _ in range(60):  # wait for it to listen
+            try:
+                world = resolve_world(MCPSpec(url=f"http://127.0.0.1:{port}/mcp", reset_tool="reset",
+                                              timeout_s=5, startup_timeout_s=5))
+                world.tools()
+                break
+            except ValueError:
+                world.shutdown() if world else None
+                time.sleep(0.5)
+        a, b = world.open(EnvRef(args={"seed": 1})), world.open(EnvRef(args={"seed": 2}))
+        fa, fb = a.submit("create_note", {"title": "x", "body": "y"}), b.submit("create_note", {"title": "x", "body": "y"})
+        assert fa.result(timeout=30)["id"] == "n114" and fb.result(timeout=30)["id"] == "n124"
+        assert len(a.call("list_notes", {})) == 5 and len(b.call("list_notes", {})) == 5
+        a.close(), b.close()
+        world.shutdown()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
