@@ -131,6 +131,11 @@ def test_episodes_against_the_server_record_errors_and_finish(tmp_path, world):
     tool_msgs = [m.content for m in crashed.messages if m.role == "tool"]
     assert len(tool_msgs) == 2 and all(ENVIRONMENT_ERROR in m for m in tool_msgs)
     assert crashed.reward == 1.0 and crashed.stop_reason == "final_answer"
+    from envace.experiments.rundir import RunDir
+
+    run = RunDir.create(tmp_path / "runs", "rollout", {"world": "faulty"})
+    run.add_trajectories(trajs)
+    assert [t.model_dump() for t in run.trajectories()] == [t.model_dump() for t in trajs]
 
 
 def test_mcp_specs_parse_from_strings():
