@@ -70,3 +70,14 @@ def test_a_run_killed_in_its_final_eval_redoes_it_on_resume(tmp_path):
     assert any(line.startswith("final real eval (step 1)") for line in lines)
     evals = [r["step"] for r in RunDir.open(run.path).metrics() if r["phase"] == "eval"]
     assert evals == [0, 1]
+
+
+def test_a_rehearsal_rollout_reports(tmp_path, capsys):
+    """Its state items are not judged (met: null, written as absent) and must read back."""
+    out = tmp_path / "r"
+    assert main(["rollout", "--world", "shop", "--tasks", "2", "--source", "rehearsal", "--model", "tiny",
+                 "--max-new-tokens", "8", "--out", str(out)]) == 0
+    (run,) = out.iterdir()
+    assert any(v.met is None for t in RunDir.open(run).trajectories() for v in t.verdicts)
+    assert main(["report", str(run)]) == 0
+    assert (run / "summary.md").is_file()
