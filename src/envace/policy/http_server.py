@@ -396,7 +396,7 @@ def _make_handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
 
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
-BODY_TIMEOUT_S = 30.0
+BODY_TIMEOUT_S = 10.0
 
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, device: str = "cpu",
