@@ -1,7 +1,7 @@
 """Bad input on the command line: one line, exit 2, nothing written where it should not be; a run
 killed during its warm start resumes by redoing the warm start."""
 
-
+import json
 
 from envace.cli.main import main
 from envace.experiments.rundir import RunDir
@@ -81,3 +81,11 @@ def test_a_rehearsal_rollout_reports(tmp_path, capsys):
     assert any(v.met is None for t in RunDir.open(run).trajectories() for v in t.verdicts)
     assert main(["report", str(run)]) == 0
     assert (run / "summary.md").is_file()
+
+
+def test_caller_only_mode_trains_with_a_frozen_simulator(tmp_path):
+    """It crashed: the frozen simulator was not among the models the updaters were built from."""
+    cfg = load_config(_cfg(tmp_path), ["steps=1", "mode=caller_only"])
+    run = train(cfg, log=lambda *_: None)
+    (ckpt,) = [p for p in (run.path / "checkpoints").iterdir() if p.name.startswith("step-")]
+    assert json.loads((ckpt / "trainer_state.json").read_text())["models"] == ["caller"]

@@ -318,7 +318,9 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
     start_model = frozen_copy(policy)
     models = split_for_mode(policy, tok, cfg.mode)
     ref = {k: start_model for k in models.trained} if cfg.grpo.kl_coef > 0 else None
-    updaters = updaters_for_mode(models.spec, models.trained, _updater_config(cfg, tok), ref_models=ref)
+    # every model of the mode: caller_only's frozen simulator (models.extra) gets no updater but must be there
+    updaters = updaters_for_mode(models.spec, {**models.extra, **models.trained}, _updater_config(cfg, tok),
+                                 ref_models=ref)
     start_step = 0
     # FSDP rebuilds the optimisers over the shards: their saved state is loaded after sharding.
     fsdp = cfg.parallel == "fsdp" and accelerator is not None
