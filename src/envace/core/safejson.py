@@ -89,7 +89,8 @@ def clean_text(text: str) -> str:
 
 def loads(text: str) -> tuple[Any, str | None]:
     """``(value, None)``, or ``(None, why)`` when the text is not JSON a tool could have sent."""
-    if nesting_depth(text) > MAX_DEPTH:
+    # The character scan only when the brackets could nest that deep at all (a hot path).
+    if text.count("[") + text.count("{") > MAX_DEPTH and nesting_depth(text) > MAX_DEPTH:
         return None, f"nested deeper than {MAX_DEPTH}"
     try:
         value = json.loads(text, parse_constant=_constant, parse_int=_integer)

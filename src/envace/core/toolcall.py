@@ -16,7 +16,6 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESULT_OPEN, RESULT_CLOSE = "<execution_result>", "</execution_result>"
 
 
-
 def _blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[str], str, bool]:
     """Bodies of the ``open ... close`` blocks, the text outside them, and whether a tag was left
     unmatched (an open without a close, a close without an open, an open inside a block)."""

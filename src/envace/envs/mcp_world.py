@@ -298,7 +298,8 @@ class MCPEnvironment:
         self.world, self.env = world, env
         self.session: _Session | None = None
         self.calls: list[tuple[ToolCall, Any]] = []
-        self._specs = {t.name: t for t in world.tools()}
+        world.tools()  # listed once per provider; the episode checks calls against that listing
+        self._specs = {t.name: t for t in world._tools or []}
 
     def submit(self, name: str, arguments: dict) -> Future:
         """Start a call; the result (never an exception) comes in the future."""

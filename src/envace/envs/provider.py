@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from concurrent.futures import Future
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol
 
 from envace.core.errors import INVALID_PARAMETERS, TOOL_NOT_AVAILABLE, tool_error
 from envace.core.types import EnvRef, ToolCall, ToolSpec
@@ -24,7 +24,6 @@ TOOL_EXECUTION_ERROR = "TOOL_EXECUTION_ERROR"
 ENVIRONMENT_ERROR = "ENVIRONMENT_ERROR"
 
 
-@runtime_checkable
 class Environment(Protocol):
     """One episode's real world. Optional extras: ``query(sql)`` (for ``state`` checklist items),
     ``submit(name, arguments) -> Future`` (calls of many episodes run concurrently), ``close()``."""
@@ -53,9 +52,6 @@ class WorldProvider:
 
     def shutdown(self) -> None:
         """Release what the provider holds (an event loop, servers); called once per run."""
-
-    def describe(self) -> str:
-        return f"{self.kind} world {self.spec}"
 
 
 class SQLiteWorlds(WorldProvider):

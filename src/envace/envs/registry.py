@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import importlib.util
 import sys
 import types
@@ -82,7 +83,7 @@ def _import_file(path: Path) -> types.ModuleType:
 
 def import_object(target: str) -> Any:
     """``package.module[:attr.path]`` or ``path/to/file.py[:attr.path]``."""
-    head, _, attr = target.partition(":") if not _is_windows_drive(target) else (target, "", "")
+    head, _, attr = target.partition(":")
     if head.endswith(".py") or "/" in head:
         path = Path(head)
         if not path.is_file():
@@ -99,10 +100,6 @@ def import_object(target: str) -> Any:
         except AttributeError:
             raise ValueError(f"world {target!r}: {head} has no attribute {part!r}") from None
     return obj
-
-
-def _is_windows_drive(s: str) -> bool:
-    return len(s) > 2 and s[1] == ":" and s[2] in "\\/"
 
 
 def provider_for(obj: Any, spec: str) -> WorldProvider:
@@ -165,8 +162,18 @@ def _mcp_file(path: Path) -> MCPSpec:
 
 
 def spec_label(spec: str | MCPSpec | dict | None) -> str:
+    """A world spec for people (logs, reports); a mapping is not validated here."""
     if spec is None:
         return "none"
+    if isinstance(spec, MCPSpec):
+        return spec.label()
     if isinstance(spec, dict):
-        spec = MCPSpec.model_validate(spec)
-    return spec.label() if isinstance(spec, MCPSpec) else str(spec)
+        return spec.get("url") or "mcp:" + " ".join(map(str, spec.get("command") or []))
+    return str(spec)
+
+
+def spec_key(spec: str | MCPSpec | dict) -> str:
+    """Identity of a world spec, for caching one provider per spec (settings included)."""
+    if isinstance(spec, MCPSpec):
+        spec = spec.model_dump()
+    return spec if isinstance(spec, str) else json.dumps(spec, sort_keys=True, default=str)

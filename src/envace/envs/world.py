@@ -110,8 +110,6 @@ _IMAGE_LOCK = threading.Lock()
 
 QUERY_TIME_LIMIT_S = 2.0
 _READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
-
-
 _READ_PRAGMAS = {"table_info", "table_xinfo", "table_list", "index_list", "index_info", "foreign_key_list"}
 
 

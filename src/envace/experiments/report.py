@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import textwrap
 from pathlib import Path
 
 from envace.core.jsonl import read_jsonl_dicts
 from envace.core.types import solved
+from envace.envs.registry import spec_label
 from envace.experiments.rundir import RunDir
 from envace.experiments.stats import paired_gain
 
@@ -98,12 +97,6 @@ def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-
     return path
 
 
-def _world_label(world: Any) -> str:
-    if isinstance(world, dict):
-        return world.get("url") or "mcp:" + " ".join(world.get("command") or [])
-    return "none" if world is None else str(world)
-
-
 def write_train_report(run: RunDir) -> Path:
     rows = run.metrics()
     cfg = run.config()
@@ -114,7 +107,7 @@ def write_train_report(run: RunDir) -> Path:
     lines = [f"# Training run `{run.path.name}`", "",
              f"model `{cfg.get('model')}`, source `{cfg.get('source')}`, mode `{cfg.get('mode')}`, "
              f"{cfg.get('steps')} steps x {cfg.get('tasks_per_step')} tasks x G={cfg.get('group_size')}, "
-             + (f"tasks `{cfg.get('task_file')}`, real world `{_world_label(cfg.get('world'))}`" if cfg.get("task_file")
+             + (f"tasks `{cfg.get('task_file')}`, real world `{spec_label(cfg.get('world'))}`" if cfg.get("task_file")
               else f"worlds {cfg.get('worlds')}") + f", seed {cfg.get('seed')}", ""]
     if sft:
         s = sft[-1]

@@ -23,7 +23,7 @@ from envace.core.jsonl import _field_path
 from envace.core.patterns import schema_patterns, unsafe_pattern
 from envace.core.types import EnvRef, Task
 from envace.core.validate import schema_error
-from envace.envs.registry import resolve_world
+from envace.envs.registry import resolve_world, spec_key
 
 @dataclass
 class Problem:
@@ -87,7 +87,7 @@ def validate_task_file(path: str | Path, world: Any = None) -> tuple[int, list[P
 
 
 def _provider(spec: Any, providers: dict[str, Any]) -> Any:
-    key = json.dumps(spec, sort_keys=True, default=str)
+    key = spec_key(spec)
     if key not in providers:
         try:
             providers[key] = resolve_world(spec)

@@ -10,7 +10,7 @@ from typing import Any
 
 from envace.core.jsonl import load_jsonl
 from envace.core.types import Task
-from envace.envs.registry import resolve_world, spec_label, world_names
+from envace.envs.registry import resolve_world, spec_key, world_names
 
 # A task file that marks no task's split holds out every HOLDOUT-th task (by a hash of its id) as
 # test, so a run on a user's file never evaluates on the tasks it trained on.
@@ -33,7 +33,7 @@ def with_world_tools(tasks: list[Task], world: Any = None) -> list[Task]:
             if spec is None:
                 raise ValueError(f"task {t.id} lists no tools and names no world to take them from "
                                  "(give its 'tools', its env.world, or the run's --world)")
-            specs.setdefault(spec_label(spec), spec)
+            specs.setdefault(spec_key(spec), spec)
     listings = {}
     for label, spec in specs.items():
         provider = resolve_world(spec)
@@ -47,7 +47,7 @@ def with_world_tools(tasks: list[Task], world: Any = None) -> list[Task]:
             out.append(t)
             continue
         spec = t.env.world if t.env is not None and t.env.world else world
-        out.append(t.model_copy(update={"tools": [x.model_copy(deep=True) for x in listings[spec_label(spec)]]}))
+        out.append(t.model_copy(update={"tools": [x.model_copy(deep=True) for x in listings[spec_key(spec)]]}))
     return out
 from envace.envs.tasks import load_tasks
 

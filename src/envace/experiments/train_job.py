@@ -140,10 +140,12 @@ def step_tasks(pool: list[Task], cfg: TrainConfig, step: int) -> list[Task]:
 
 def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: TrainConfig,
                   accelerator: Any | None = None, bench: BenchTaskSet | None = None, judge: Any = None,
-                  kind: str = "real") -> tuple[dict[str, float], list[Trajectory]]:
+                  kind: str = "real", real: RealSource | None = None) -> tuple[dict[str, float], list[Trajectory]]:
     """Success on held-out tasks with the real world answering, whatever the training source
     (with ``bench``: the benchmark's entries, environment and scorer). ``kind="rehearsal"``:
     no real world exists, the policy rehearses the responses (nothing is recorded for training).
+    ``real``: the run's real source, reused so that its worlds are resolved (an MCP server's tools
+    listed) once per run; without one, a source is made and closed here.
     On several processes each rank runs its share of the tasks; every rank gets all of them."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
     backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch)
@@ -153,7 +155,7 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
         trajs, _ = bench_episodes(bench, mine, actor, None, backend, cfg.seed, group_size=k)
     else:
         if kind == "real":
-            source: Any = RealSource(cfg.world)
+            source: Any = real if real is not None else RealSource(cfg.world)
         else:
             source = make_source("rehearsal", backend, gen, cfg.seed)
             source.record_samples = False
@@ -161,7 +163,7 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
             trajs, _ = run_episodes(mine, actor, source, RolloutConfig(group_size=k, max_turns=cfg.rollout.max_turns),
                                     judge=judge)
         finally:
-            if isinstance(source, RealSource):
+            if kind == "real" and real is None:
                 source.close()
     trajs = _in_task_order(dist.gather_trajectories(accelerator, trajs), tasks, accelerator)
     n = len(trajs)
@@ -430,10 +432,12 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     watch_train, watch_eval = TruncationWatch(cfg, log), TruncationWatch(cfg, log, " in the eval")
 
     judge = make_judge(cfg.judge, caller_backend)
+    # One real source for the run (training with source real, and every eval): worlds resolve once.
+    real = RealSource(cfg.world)
 
     def do_eval(step: int) -> dict[str, float]:
         metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc, bench, judge=judge,
-                                       kind=kind)
+                                       kind=kind, real=real)
         watch_eval.add(trajs)
         if main:
             run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
@@ -454,18 +458,15 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         step_seed = dist.rank_seed(cfg.seed * 10_007 + step, acc)
         actor = make_actor(caller_backend, gen, step_seed)
         # Rehearsal uses the simulator-role model (the policy itself in share mode).
-        source = make_source(cfg.source, sim_backend, gen, step_seed, simulator=sim_backend, world=cfg.world)
+        source = real if cfg.source == "real" else make_source(cfg.source, sim_backend, gen, step_seed,
+                                                               simulator=sim_backend)
         if bench is not None:  # the benchmark's episode loop and scorer; source "real": its environment
             trajs, tok_s = bench_episodes(bench, tasks, actor, None if cfg.source == "real" else source,
                                           caller_backend, step_seed, cfg.group_size)
         else:
-            try:
-                trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
-                                                                                 max_turns=cfg.rollout.max_turns),
-                                             judge=judge)
-            finally:
-                if isinstance(source, RealSource):
-                    source.close()
+            trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
+                                                                             max_turns=cfg.rollout.max_turns),
+                                         judge=judge)
             tok_s = rstats.tokens_per_second
         t_roll = time.perf_counter() - t0
         # Advantages centred over every rank's samples of each (task, role) group.
@@ -515,6 +516,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if final_missing:
         final = do_eval(cfg.steps)
         log(f"final {kind} eval (step {cfg.steps}): {final}")
+    real.close()
     from envace.experiments.report import write_train_report
 
     if main:

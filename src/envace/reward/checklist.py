@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 from envace.core import safejson
 from envace.core.errors import VALIDATION_CODES, error_code
+from envace.core.types import ChecklistItem, Task, ToolCall, Trajectory, Verdict, trajectory_calls
 from envace.envs.provider import table_digests
-from envace.core.types import ChecklistItem, Task, Trajectory, Verdict, trajectory_calls
 
 
 class Judge(Protocol):
@@ -47,22 +47,34 @@ def _parse_content(text: str) -> Any:
     return safejson.loads(text)[0] if isinstance(text, str) else None
 
 
-def _judge_called(item: ChecklistItem, traj: Trajectory) -> Verdict:
-    for call, answer in trajectory_calls(traj):
-        # A call the engine rejected before it reached any world did not happen.
-        if error_code(_parse_content(answer.content)) in VALIDATION_CODES:
-            continue
+def _made_calls(traj: Trajectory) -> list[ToolCall]:
+    """The calls that reached a world: one the engine rejected before any world did not happen.
+    Parsed once per trajectory, not once per ``called`` item."""
+    return [call for call, answer in trajectory_calls(traj)
+            if error_code(_parse_content(answer.content)) not in VALIDATION_CODES]
+
+
+def _judge_called(item: ChecklistItem, calls: list[ToolCall]) -> Verdict:
+    for call in calls:
         if call.name == item.tool and args_match(item.args, call.arguments):
             return Verdict(item=item, met=True, detail=f"called {call.name}")
     return Verdict(item=item, met=False, detail=f"no valid call of {item.tool} with {item.args}")
 
 
-def _judge_state(item: ChecklistItem, world: QueryableWorld | None) -> Verdict:
+def _query_of(item: ChecklistItem, world: QueryableWorld | None) -> Any:
+    """The world's ``query``, or the Verdict saying why the item cannot be judged."""
     if world is None:
-        return Verdict(item=item, met=None, detail="state items need a real world")
+        return Verdict(item=item, met=None, detail=f"{item.kind} items need a real world")
     query = getattr(world, "query", None)
     if not callable(query):
         return Verdict(item=item, met=None, detail="this world has no SQL state to query")
+    return query
+
+
+def _judge_state(item: ChecklistItem, world: QueryableWorld | None) -> Verdict:
+    query = _query_of(item, world)
+    if isinstance(query, Verdict):
+        return query
     try:
         rows = query(item.query or "")
     except Exception as e:  # sqlite3.Error, or whatever a user world's query raises
@@ -101,11 +113,11 @@ def _judge_plain(item: ChecklistItem, traj: Trajectory) -> Verdict:
 
 
 def _judge_end_state(item: ChecklistItem, world: QueryableWorld | None) -> Verdict:
-    if world is None:
-        return Verdict(item=item, met=None, detail="end_state items need a real world")
-    query = getattr(world, "query", None)
-    if not callable(query) or not item.digests:
-        return Verdict(item=item, met=None, detail="this world has no SQL state to compare")
+    query = _query_of(item, world)
+    if isinstance(query, Verdict):
+        return query
+    if not item.digests:
+        return Verdict(item=item, met=None, detail="no reference end state to compare with")
     try:
         got = table_digests(query, sorted(item.digests))
     except Exception as e:  # a table the world does not have
@@ -125,9 +137,10 @@ def judge_trajectory(
     ``judge`` answers ``judge`` items (None: skipped).
     """
     verdicts: list[Verdict] = []
+    calls = _made_calls(traj) if any(i.kind == "called" for i in task.checklist) else []
     for item in task.checklist:
         if item.kind == "called":
-            verdicts.append(_judge_called(item, traj))
+            verdicts.append(_judge_called(item, calls))
         elif item.kind == "state":
             verdicts.append(_judge_state(item, world))
         elif item.kind == "answer_contains":

@@ -17,7 +17,7 @@ from envace.core.safejson import clean_text
 from envace.core.toolcall import RESULT_CLOSE, parse_execution_result
 from envace.core.types import EnvRef, Source, Task, ToolCall, TurnSample
 from envace.envs.provider import WorldProvider
-from envace.envs.registry import resolve_world
+from envace.envs.registry import resolve_world, spec_key
 from envace.policy.sampling import SamplingParams
 
 
@@ -78,8 +78,7 @@ class RealSource:
         if spec is None:
             raise ValueError(f"task {task.id} has no 'env' world and the run names none (--world): "
                              "it cannot run against a real environment")
-        key = spec if isinstance(spec, str) else json.dumps(spec if isinstance(spec, dict) else spec.model_dump(),
-                                                            sort_keys=True)
+        key = spec_key(spec)
         providers = self.__dict__.setdefault("_providers", {})
         if key not in providers:
             providers[key] = resolve_world(spec)
