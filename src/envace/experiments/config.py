@@ -33,7 +33,7 @@ class RolloutSettings(_Section):
     max_prompt_tokens: int = Field(1536, ge=16)
     temperature: float = Field(1.0, ge=0)
     # A real API answers the same call the same way; sampling the rehearsed answer at T=1 from a
-    # small model mostly adds noise to the world the caller learns in (docs/results.md).
+    # small model mostly adds noise to the world the caller learns in (docs/notes/2026-12-results-history.md).
     simulator_temperature: float | None = Field(None, ge=0, description="sampling temperature of the "
                                                 "simulator role (0 = greedy); None: rollout.temperature")
     top_p: float = Field(1.0, gt=0, le=1)
