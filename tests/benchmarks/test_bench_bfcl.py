@@ -12,7 +12,7 @@ from envace.benchmarks import bfcl  # noqa: E402
 from envace.benchmarks.base import BenchEpisode  # noqa: E402
 from envace.core.types import ToolCall  # noqa: E402
 from envace.core.jsonl import read_jsonl_dicts  # noqa: E402
-from envace.experiments.bench_runner import BenchRealSource, ScriptedUser, run_bench_episodes  # noqa: E402
+from envace.experiments.bench_runner import ScriptedUser, run_scored_episodes  # noqa: E402
 
 from .helpers import ReplayActor  # noqa: E402
 
@@ -104,8 +104,9 @@ def test_multi_turn_ground_truth_through_our_loop(category: str) -> None:
 
     items = ADAPTER.load(category, limit=3)
     plans = {i.id: bfcl.ground_truth_turns(i) for i in items}
-    results = run_bench_episodes(items, ReplayActor(plans), BenchRealSource(ADAPTER, items), ScriptedUser())
-    for (traj, episode, world), item in zip(results, items):
+    results = run_scored_episodes(ADAPTER, items, ReplayActor(plans), None, ScriptedUser())
+    for run, item in zip(results, items):
+        episode, world = run.episode, run.state
         assert len(episode.turns) == len(item.raw["answer"]["ground_truth"])
         assert world.calls, "the real source executed the calls"
         assert ADAPTER.score(item, episode, world).valid, item.id

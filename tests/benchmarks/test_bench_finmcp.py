@@ -20,7 +20,7 @@ from envace.benchmarks import finmcp as fm
 from envace.benchmarks.base import BenchEpisode
 from envace.cli.main import main
 from envace.core.types import ToolCall
-from envace.experiments.bench_runner import BenchRealSource, ScriptedUser, run_bench_episodes
+from envace.experiments.bench_runner import ScriptedUser, run_scored_episodes
 
 from .helpers import ReplayActor
 
@@ -110,13 +110,14 @@ def test_gold_calls_through_the_episode_loop_score_one() -> None:
             elif m.get("tool_calls"):
                 per_turn[-1].append([fm._call(tc) for tc in m["tool_calls"]])
         plans[i.id] = per_turn
-    results = run_bench_episodes(items, ReplayActor(plans), BenchRealSource(ADAPTER, items), ScriptedUser())
-    for (traj, episode, _), item in zip(results, items):
+    results = run_scored_episodes(ADAPTER, items, ReplayActor(plans), None, ScriptedUser())
+    for run, item in zip(results, items):
+        episode = run.episode
         score = ADAPTER.score(item, episode)
         assert score.valid and score.reward == 1.0, (item.id, score.detail)
         assert len(episode.turns) == len(fm.user_turns(item.raw["sample"]))
     # the multi-turn trajectory keeps the caller's own turns and the gold context it was shown
-    traj, episode, _ = results[3]
+    traj, episode = results[3].trajectory, results[3].episode
     assert sum(1 for m in traj.messages if m.role == "user") == 3
     short = BenchEpisode(item_id=items[2].id, turns=[[[c] for c in fm.gold_calls(items[2].raw["sample"])[:-1]]])
     s = ADAPTER.score(items[2], short)

@@ -211,7 +211,7 @@ def test_telecom_solo_scores_agree_with_tau2(evaluate_simulation) -> None:
 
 def test_telecom_solo_episode_runs_without_a_user(tiny_backend) -> None:
     """A solo episode ends when the agent stops: no simulated user is asked anything."""
-    from envace.experiments.bench_runner import BenchRealSource, run_bench_episodes
+    from envace.experiments.bench_runner import run_scored_episodes
     from envace.experiments.factory import GenerationSettings, make_actor
 
     items = ADAPTER.load("telecom", limit=2) + ADAPTER.load("retail", limit=1, version="package")
@@ -227,7 +227,7 @@ def test_telecom_solo_episode_runs_without_a_user(tiny_backend) -> None:
             return ["Hi."] * len(its)
 
     gen = GenerationSettings(caller_max_new_tokens=8, simulator_max_new_tokens=8, max_prompt_tokens=6144)
-    results = run_bench_episodes(items, make_actor(tiny_backend, gen, 0), BenchRealSource(ADAPTER, items),
-                                 CountingUser(tiny_backend), max_steps=2, max_user_turns=2)
+    results = run_scored_episodes(ADAPTER, items, make_actor(tiny_backend, gen, 0), None,
+                                  CountingUser(tiny_backend), max_steps=2, max_user_turns=2)
     assert len(results) == 3
     assert set(CountingUser.asked) <= {items[2].id}  # only the retail episode has a user

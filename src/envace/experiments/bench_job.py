@@ -118,7 +118,7 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
         scored = run_scored_episodes(adapter, chunk, make_actor(policy, gen, job.seed + n - 1), source, user,
                                      group_size=job.group_size, max_steps=job.max_steps,
                                      max_user_turns=job.max_user_turns)
-        new_trajs, new_scores = [t for t, _ in scored], [sc for _, sc in scored]
+        new_trajs, new_scores = [r.trajectory for r in scored], [r.score for r in scored]
         run.add_trajectories(new_trajs)
         append_jsonl(run.path / "scores.jsonl", [{"item_id": s.item_id, "category": s.category, "valid": s.valid,
                                                   "reward": s.reward, "detail": s.detail} for s in new_scores])

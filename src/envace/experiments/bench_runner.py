@@ -1,27 +1,26 @@
-"""The benchmark episode loop: the rollout engine's Act -> validate -> source step, plus user turns.
+"""Benchmarks through the one episode engine (``rollout.engine.run_episodes``).
 
-The rollout engine runs one user request per episode. Benchmarks need more: BFCL multi-turn
-scripts several user turns (and adds tools mid-episode), tau2 and VitaBench simulate the user with
-a model. This loop is that smallest extension: a caller *turn* ends with a reply that has no tool
-call (or, for single-response benchmarks, with the first reply), then the ``user`` answers; the
-episode ends when the user has nothing more to say, or the benchmark's step limit is hit.
-
-It uses the same actors (``rollout.actors``) and response sources (``real``: the benchmark's own
-executable environment via :class:`BenchRealSource`; ``rehearsal``/``simulator``: a model under
-the simulator prompt) as the engine, so every response source runs on every benchmark.
+Benchmarks need more than one user request per episode: BFCL multi-turn scripts several user
+turns (and adds tools mid-episode), tau2 and VitaBench simulate the user with a model, FinMCP
+shows gold history before each turn. :class:`BenchUsers` is that user side as the engine's
+``UserTurns`` hook: a caller *turn* ends with a reply that has no tool call (or, for
+single-response benchmarks, with the first reply), then the user answers; the episode ends when
+the user has nothing more to say, or the benchmark's step limit is hit. The engine's actors and
+response sources (``real``: the benchmark's own executable environment via
+:class:`BenchRealSource`; ``rehearsal``/``simulator``: a model under the simulator prompt) run
+unchanged, so every response source runs on every benchmark.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from envace.benchmarks.base import BenchEpisode, BenchItem
 from envace.core.errors import tool_error
-from envace.core.types import Message, Source, Task, ToolCall, Trajectory, TurnSample
-from envace.rollout.actors import Actor, ActorView
-from envace.rollout.engine import read_caller_turn
+from envace.core.types import Message, Source, Task, Trajectory
+from envace.rollout.actors import Actor
+from envace.rollout.engine import Episode, RolloutConfig, run_episodes
 from envace.rollout.sources import ResponseSource, ToolRequest, ToolResponse, dump_result
 
 
@@ -64,45 +63,6 @@ class BenchRealSource:
         return out
 
 
-@dataclass
-class _Ep:
-    item: BenchItem
-    index: int
-    task: Task
-    state: Any
-    history: list[Message] = field(default_factory=list)  # what the caller sees after the first user message
-    log: list[Message] = field(default_factory=list)  # what happened (differs from history under turn_context)
-    turns: list[list[list[ToolCall]]] = field(default_factory=lambda: [[]])
-    samples: list[TurnSample] = field(default_factory=list)
-    earlier: list[tuple[ToolCall, str]] = field(default_factory=list)
-    steps: int = 0  # caller steps in the current user turn
-    stop_reason: str | None = None
-    forced: bool = False
-    tool_calls: int = 0
-    parse_failures: int = 0
-    sim_format_failures: int = 0
-    awaiting_user: bool = False
-    opening: str = ""  # the user's first message (the task instruction, or a simulated user's opening)
-    started: float = field(default_factory=time.perf_counter)
-
-    def add(self, message: Message) -> None:
-        self.history.append(message)
-        self.log.append(message)
-
-    def episode(self) -> BenchEpisode:
-        return BenchEpisode(item_id=self.item.id, turns=self.turns, messages=self.conversation(),
-                            force_terminated=self.forced, stop_reason=self.stop_reason or "max_turns")
-
-    def conversation(self) -> list[Message]:
-        """The first user message (policy preamble included), then every later user, caller and tool
-        message of the episode (the caller's own turns even where a turn was shown gold history)."""
-        return [Message(role="user", content=self.task.instruction), *self.log]
-
-    def user_view(self) -> list[Message]:
-        """What the user saw and said: its own opening, then the conversation."""
-        return [Message(role="user", content=self.opening), *self.log]
-
-
 def _with_tools(task: Task, item: BenchItem, user_turn: int) -> Task:
     added = [t for i, ts in sorted(item.tools_added.items()) if i <= user_turn for t in ts]
     if not added:
@@ -111,115 +71,72 @@ def _with_tools(task: Task, item: BenchItem, user_turn: int) -> Task:
     return task.model_copy(update={"tools": [*item.task.tools, *[t for t in added if t.name not in names]]})
 
 
-def _replies(waiting: list[Any], user: User, sim_ids: set[int]) -> list[str | None]:
-    simulated = [e for e in waiting if id(e) in sim_ids]
-    scripted = [e for e in waiting if id(e) not in sim_ids]
-    got: dict[int, str | None] = {}
-    scripted_user = ScriptedUser() if hasattr(user, "open") else user  # a simulated user needs a scenario
-    for group, who in ((simulated, user), (scripted, scripted_user)):
-        if group:
-            got.update(zip(map(id, group), who.respond([e.item for e in group], [e.user_view() for e in group])))
-    return [got[id(e)] for e in waiting]
+class BenchUsers:
+    """A benchmark's user side as the episode engine's :class:`~envace.rollout.engine.UserTurns`:
+    the opening (the item's instruction, or a simulated user's first message, after the
+    benchmark's agent policy), later scripted or simulated user turns, tools added per turn,
+    gold context per turn, and the benchmark's step and user-turn limits."""
 
+    def __init__(self, items: list[BenchItem], user: User, max_steps: int | None = None,
+                 max_user_turns: int = 30) -> None:
+        self.items = {i.id: i for i in items}
+        self.user = user
+        self.max_steps = max_steps
+        self.max_user_turns = max_user_turns
+        self.openings: dict[int, str] = {}
+        self.simulated: set[int] = set()
 
-def run_bench_episodes(items: list[BenchItem], actor: Actor, source: ResponseSource, user: User | None = None,
-                       group_size: int = 1, max_steps: int | None = None, max_user_turns: int = 30,
-                       ) -> list[tuple[Trajectory, BenchEpisode, Any]]:
-    """Run every item ``group_size`` times; return (trajectory, episode, final state) per episode.
+    def item(self, ep: Episode) -> BenchItem:
+        return self.items[ep.task.id]
 
-    ``max_steps`` caps caller steps per user turn (default: the benchmark's own limit); reaching
-    it force-terminates the episode, as BFCL does.
-    """
-    user = user or ScriptedUser()
-    eps = [_Ep(item=it, index=g, task=it.task, state=source.start(it.task)) for it in items for g in range(group_size)]
-    simulated = [e for e in eps if e.item.user_scenario is not None and hasattr(user, "open")]
-    sim_ids = {id(e) for e in simulated}
-    openings = iter(user.open([e.item for e in simulated]) if simulated else [])  # type: ignore[attr-defined]
-    for e in eps:
-        e.opening = next(openings) if id(e) in sim_ids else e.item.task.instruction
-        first = e.opening
-        if e.item.system_prompt:
-            first = f"[agent policy]\n{e.item.system_prompt}\n\n[user]\n{first}"
-        e.task = e.task.model_copy(update={"instruction": first})
-    k = 0
-    while True:
-        # user turns first: episodes whose caller finished a turn get the next user message
-        waiting = [e for e in eps if e.stop_reason is None and e.awaiting_user]
-        if waiting:
-            # A simulated user plays the episodes with a scenario; the others (BFCL's scripted turns,
-            # tau2's solo mode) get their scripted turns, if any.
-            replies = _replies(waiting, user, sim_ids)
-            for e, text in zip(waiting, replies):
-                e.awaiting_user = False
-                n_user = sum(1 for m in e.log if m.role == "user") + 1
-                if text is None:
-                    e.stop_reason = "final_answer"
-                    continue
-                if n_user > max_user_turns:
-                    e.stop_reason, e.forced = "max_turns", True
-                    continue
-                ctx = e.item.turn_context.get(len(e.turns))
+    def begin(self, episodes: list[Episode]) -> None:
+        if hasattr(self.user, "open"):  # a simulated user plays the items that give it a scenario
+            self.simulated = {id(e) for e in episodes if self.item(e).user_scenario is not None}
+        simulated = [e for e in episodes if id(e) in self.simulated]
+        openings = iter(self.user.open([self.item(e) for e in simulated]) if simulated else [])  # type: ignore[attr-defined]
+        for e in episodes:
+            item = self.item(e)
+            opening = next(openings) if id(e) in self.simulated else item.task.instruction
+            self.openings[id(e)] = opening
+            first = f"[agent policy]\n{item.system_prompt}\n\n[user]\n{opening}" if item.system_prompt else opening
+            e.task = e.task.model_copy(update={"instruction": first})
+            e.max_steps = self.max_steps or item.max_steps
+            e.execute = item.execute
+
+    def user_view(self, ep: Episode) -> list[Message]:
+        """What the user saw and said: its own opening, then the conversation."""
+        return [Message(role="user", content=self.openings[id(ep)]), *ep.log]
+
+    def reply(self, episodes: list[Episode]) -> list[str | None]:
+        # The simulated user answers the episodes with a scenario; the others (BFCL's scripted
+        # turns, tau2's solo mode) get their scripted turns, if any.
+        scripted_user = ScriptedUser() if hasattr(self.user, "open") else self.user
+        got: dict[int, str | None] = {}
+        for group, who in (([e for e in episodes if id(e) in self.simulated], self.user),
+                           ([e for e in episodes if id(e) not in self.simulated], scripted_user)):
+            if group:
+                got.update(zip(map(id, group), who.respond([self.item(e) for e in group],
+                                                           [self.user_view(e) for e in group])))
+        out = []
+        for e in episodes:
+            text = got[id(e)]
+            if text is not None and sum(1 for m in e.log if m.role == "user") + 1 > self.max_user_turns:
+                e.stop("max_turns", forced=True)
+            elif text is not None:
+                item = self.item(e)
+                ctx = item.turn_context.get(len(e.turns))
                 if ctx is not None:  # the benchmark conditions this turn on its own (gold) history
                     e.history = [m.model_copy(deep=True) for m in ctx]
-                e.add(Message(role="user", content=text))
-                e.turns.append([])
-                e.steps = 0
-                e.task = _with_tools(e.task, e.item, len(e.turns) - 1)
-        running = [e for e in eps if e.stop_reason is None]
-        if not running:
-            break
-        acts = actor.act([ActorView(task=e.task, history=e.history, turn=k) for e in running], k)
-        pending: list[tuple[_Ep, list[tuple[ToolCall | None, dict | None]]]] = []
-        for e, at in zip(running, acts):
-            if at is None:
-                e.stop_reason = "context_limit"
-                e.forced = True
-                continue
-            ct = read_caller_turn(at, e.task, e.item.id, e.index, k)
-            if ct.sample is not None:
-                e.samples.append(ct.sample)
-            e.add(ct.message)
-            if ct.final:
-                e.awaiting_user = True
-                if not e.item.execute:  # single-response benchmark: the reply is the answer
-                    e.turns[-1].append([])
-                    e.stop_reason = "final_answer"
-                continue
-            e.steps += 1
-            e.parse_failures += int(ct.parse_failed)
-            e.tool_calls += len(ct.message.tool_calls)
-            e.turns[-1].append(list(ct.message.tool_calls))
-            pending.append((e, ct.calls))
-            if not e.item.execute:
-                e.stop_reason = "final_answer"
-        requests = [ToolRequest(task=e.task, call=c, earlier=list(e.earlier), state=e.state,
-                                trajectory_index=e.index, turn=k)
-                    for e, calls in pending for c, err in calls if err is None and e.item.execute]
-        responses = iter(source.respond(requests))
-        for e, calls in pending:
-            for c, err in calls:
-                if err is None and not e.item.execute:
-                    continue
-                resp = ToolResponse(text=dump_result(err), rehearsed=False) if err is not None else next(responses)
-                if resp.sample is not None:
-                    e.samples.append(resp.sample)
-                e.sim_format_failures += int(not resp.format_ok)
-                e.add(Message(role="tool", name=c.name if c else None, content=resp.text,
-                              rehearsed=resp.rehearsed))
-                if c is not None:
-                    e.earlier.append((c, resp.text))
-            limit = max_steps or e.item.max_steps
-            if e.stop_reason is None and e.steps >= limit:
-                e.stop_reason, e.forced = "max_turns", True
-        k += 1
-    out = []
-    for e in eps:
-        traj = Trajectory(task_id=e.item.id, source=source.name, trajectory_index=e.index, messages=e.conversation(),
-                          samples=e.samples, stop_reason=e.stop_reason or "max_turns", tool_calls=e.tool_calls,
-                          parse_failures=e.parse_failures, sim_format_failures=e.sim_format_failures,
-                          timings={"episode_s": round(time.perf_counter() - e.started, 4)})
-        out.append((traj, e.episode(), e.state))
-    return out
+                e.task = _with_tools(e.task, item, len(e.turns))
+            out.append(text)
+        return out
+
+
+def bench_episode(ep: Episode) -> BenchEpisode:
+    """An engine episode segmented the way benchmark scorers want it."""
+    return BenchEpisode(item_id=ep.task.id, turns=ep.turns,
+                        messages=[Message(role="user", content=ep.task.instruction), *ep.log],
+                        force_terminated=ep.forced, stop_reason=ep.stop_reason or "max_turns")
 
 
 def bench_user(adapter: Any, backend: Any, seed: int | None) -> User:
@@ -229,19 +146,37 @@ def bench_user(adapter: Any, backend: Any, seed: int | None) -> User:
     return (make(backend, seed=seed) if make else None) or ScriptedUser()
 
 
+@dataclass
+class BenchRun:
+    """One benchmark episode: the trajectory (``reward`` set), the benchmark's score, the episode
+    as the scorer saw it, and the final world state (None unless the source was real)."""
+
+    trajectory: Trajectory
+    score: Any
+    episode: BenchEpisode
+    state: Any
+
+
 def run_scored_episodes(adapter: Any, items: list[BenchItem], actor: Actor, source: ResponseSource | None,
-                        user: User, group_size: int = 1, max_steps: int | None = None, max_user_turns: int = 30,
-                        ) -> list[tuple[Trajectory, Any]]:
-    """:func:`run_bench_episodes` scored by the benchmark: (trajectory with ``reward`` set, the
-    benchmark's score) per episode. ``source`` None: the benchmark's real environment, whose final
-    state the scorer then sees; otherwise the scorer judges the episode without a world."""
+                        user: User | None = None, group_size: int = 1, max_steps: int | None = None,
+                        max_user_turns: int = 30) -> list[BenchRun]:
+    """Every item ``group_size`` times through the episode engine, scored by the benchmark.
+
+    ``source`` None: the benchmark's real environment, whose final state the scorer then sees;
+    otherwise the scorer judges the episode without a world. ``user`` plays later user turns
+    (default: the items' scripted turns). ``max_steps`` caps caller steps per user turn (default:
+    the benchmark's own limit); reaching it force-terminates the episode, as BFCL does."""
     real = source is None
-    results = run_bench_episodes(items, actor, BenchRealSource(adapter, items) if real else source, user,
-                                 group_size=group_size, max_steps=max_steps, max_user_turns=max_user_turns)
     by_id = {i.id: i for i in items}
-    out = []
-    for traj, episode, state in results:
-        score = adapter.score(by_id[traj.task_id], episode, state if real else None)
-        traj.reward = score.reward
-        out.append((traj, score))
-    return out
+    runs: list[BenchRun] = []
+
+    def score(ep: Episode, traj: Trajectory) -> tuple[float, list]:
+        episode, state = bench_episode(ep), ep.state if real else None
+        result = adapter.score(by_id[ep.task.id], episode, state)
+        runs.append(BenchRun(trajectory=traj, score=result, episode=episode, state=state))
+        return result.reward, []
+
+    users = BenchUsers(items, user or ScriptedUser(), max_steps, max_user_turns)
+    run_episodes([i.task for i in items], actor, BenchRealSource(adapter, items) if real else source,
+                 RolloutConfig(group_size=group_size, max_turns=None), user=users, score=score)
+    return runs

@@ -5,7 +5,7 @@ they are scored change:
 
 * tasks: the benchmark's entries of the configured categories, every ``test_every``-th held out
   for the evaluation (a fixed split, so every run and source evaluates on the same entries);
-* episodes: the benchmark episode loop (``run_bench_episodes``: scripted or simulated user turns,
+* episodes: the episode engine with the benchmark's user (``run_scored_episodes``: scripted or simulated user turns,
   the benchmark's own step limits), with the run's response source — ``rehearsal`` (the policy
   writes the tool responses, its turns trained), ``simulator`` (frozen) or ``real`` (the
   benchmark's executable environment);
@@ -74,6 +74,6 @@ def bench_episodes(ts: BenchTaskSet, items: list[BenchItem], actor: Any, source:
                                  group_size=group_size, max_steps=ts.config.max_steps,
                                  max_user_turns=ts.config.max_user_turns)
     seconds = time.perf_counter() - t0
-    trajs = [t for t, _ in scored]
+    trajs = [r.trajectory for r in scored]
     tokens = sum(len(s.gen_ids) for t in trajs for s in t.samples)
     return trajs, tokens / seconds if seconds > 0 else 0.0

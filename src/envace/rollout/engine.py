@@ -1,4 +1,4 @@
-"""The episode engine: Act -> (validate) -> source -> Act ... batched over all running episodes.
+"""The episode engine: (user) -> Act -> (validate) -> source -> Act ... batched over all running episodes.
 
 Each step renders the caller prompt of every running episode (G per task, many tasks), generates
 them in one batched call, parses tool calls, answers the valid ones through the response source
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from envace.core.errors import INVALID_TOOL_CALL_FORMAT, tool_error
 from envace.core.safejson import clean_text
 from envace.core.toolcall import parse_tool_calls
-from envace.core.types import Message, Task, ToolCall, Trajectory, TurnSample
+from envace.core.types import Message, Task, ToolCall, Trajectory, TurnSample, Verdict
 from envace.core.validate import validate_call
 from envace.reward.checklist import Judge, judge_trajectory
 from envace.rollout.actors import Actor, ActorTurn, ActorView
@@ -29,7 +30,7 @@ LOOP_SPAN = 24
 @dataclass
 class RolloutConfig:
     group_size: int = 1  # G trajectories per task
-    max_turns: int = 4  # caller turns per episode
+    max_turns: int | None = 4  # caller turns per episode (None: only the episodes' own limits)
 
 
 @dataclass
@@ -48,19 +49,64 @@ class RolloutStats:
 
 
 @dataclass
-class _Episode:
+class Episode:
+    """One running episode. ``history`` is what the caller sees, ``log`` what happened (they differ
+    only where a :class:`UserTurns` hook shows the caller other context, e.g. gold history);
+    ``turns`` holds the calls of each caller step, per user turn."""
+
     task: Task
     index: int
     state: Any
     history: list[Message] = field(default_factory=list)
+    log: list[Message] = field(default_factory=list)
+    turns: list[list[list[ToolCall]]] = field(default_factory=lambda: [[]])
     samples: list[TurnSample] = field(default_factory=list)
     earlier: list[tuple[ToolCall, str]] = field(default_factory=list)
     stop_reason: str | None = None
+    forced: bool = False  # stopped by a limit, not by the caller or the user
+    awaiting_user: bool = False
+    steps: int = 0  # caller steps since the last user message
+    max_steps: int | None = None  # caller steps per user turn before the episode is force-stopped
+    execute: bool = True  # False: calls are recorded and scored, never answered (single-response benchmarks)
     tool_calls: int = 0
     parse_failures: int = 0
     sim_format_failures: int = 0
     gen_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+
+    def add(self, message: Message) -> None:
+        self.history.append(message)
+        self.log.append(message)
+
+    def stop(self, reason: str, forced: bool = False) -> None:
+        self.stop_reason, self.forced = reason, forced
+
+    def trajectory(self, source: str) -> Trajectory:
+        return Trajectory(
+            task_id=self.task.id, source=source, trajectory_index=self.index,
+            messages=[Message(role="user", content=self.task.instruction), *self.log],
+            samples=self.samples, stop_reason=self.stop_reason or "max_turns", tool_calls=self.tool_calls,
+            parse_failures=self.parse_failures, sim_format_failures=self.sim_format_failures,
+            timings={"generation_s": round(self.gen_seconds, 4),
+                     "episode_s": round(time.perf_counter() - self.started, 4)})
+
+
+class UserTurns(Protocol):
+    """The user's side of multi-turn episodes (a benchmark's scripted or simulated user). Without
+    one, an episode is one user request and ends at the caller's first final answer."""
+
+    def begin(self, episodes: list[Episode]) -> None:
+        """Before the first caller turn: may rewrite each episode's task (its opening message) and
+        set its limits (``max_steps``, ``execute``)."""
+
+    def reply(self, episodes: list[Episode]) -> list[str | None]:
+        """The next user message of each episode whose caller just answered; None: the user is
+        done. May change what the caller sees from then on (``history``, ``task.tools``) or stop
+        the episode itself (``Episode.stop``)."""
+
+
+# (reward, verdicts) of a finished episode; the default judges the task's checklist.
+Scorer = Callable[[Episode, Trajectory], tuple[float, list[Verdict]]]
 
 
 @dataclass
@@ -77,7 +123,6 @@ class CallerTurn:
 
 
 def read_caller_turn(at: ActorTurn, task: Task, group_id: str, index: int, turn: int) -> CallerTurn:
-    """Shared by every episode loop (this engine, the benchmark runner)."""
     sample = None
     if at.trainable:
         sample = TurnSample(role="caller", group_id=group_id, trajectory_index=index, turn=turn,
@@ -95,8 +140,24 @@ def read_caller_turn(at: ActorTurn, task: Task, group_id: str, index: int, turn:
                       parse_failed=parsed.error is not None, calls=calls)
 
 
-def _step_callers(eps: list[_Episode], actor: Actor, turn: int, stats: RolloutStats
-                  ) -> list[tuple[_Episode, list[tuple[ToolCall | None, dict | None]]]]:
+def _user_step(eps: list[Episode], user: UserTurns) -> None:
+    waiting = [e for e in eps if e.stop_reason is None and e.awaiting_user]
+    if not waiting:
+        return
+    for e, text in zip(waiting, user.reply(waiting)):
+        e.awaiting_user = False
+        if e.stop_reason is not None:  # the hook stopped it (e.g. its user-turn limit)
+            continue
+        if text is None:
+            e.stop("final_answer")
+            continue
+        e.add(Message(role="user", content=text))
+        e.turns.append([])
+        e.steps = 0
+
+
+def _step_callers(eps: list[Episode], actor: Actor, turn: int, stats: RolloutStats, multi_turn: bool
+                  ) -> list[tuple[Episode, list[tuple[ToolCall | None, dict | None]]]]:
     """One batched caller turn. Returns, per episode that called tools, each call with its
     immediate error (None when the call should go to the source)."""
     t0 = time.perf_counter()
@@ -106,21 +167,56 @@ def _step_callers(eps: list[_Episode], actor: Actor, turn: int, stats: RolloutSt
     pending = []
     for ep, at in zip(eps, turns):
         if at is None:
-            ep.stop_reason = "context_limit"
+            ep.stop("context_limit", forced=True)
             continue
         stats.caller_tokens += len(at.gen_ids)
         ep.gen_seconds += dt / len(eps)
         ct = read_caller_turn(at, ep.task, ep.task.id, ep.index, turn)
         if ct.sample is not None:
             ep.samples.append(ct.sample)
-        ep.history.append(ct.message)
+        ep.add(ct.message)
         if ct.final:
-            ep.stop_reason = "final_answer"
+            if not ep.execute:  # a single-response episode: the reply is the answer
+                ep.turns[-1].append([])
+            if multi_turn and ep.execute:
+                ep.awaiting_user = True
+            else:
+                ep.stop("final_answer")
             continue
+        ep.steps += 1
         ep.parse_failures += int(ct.parse_failed)
         ep.tool_calls += len(ct.message.tool_calls)
+        ep.turns[-1].append(list(ct.message.tool_calls))
         pending.append((ep, ct.calls))
+        if not ep.execute:
+            ep.stop("final_answer")
     return pending
+
+
+def _answer_calls(pending: list[tuple[Episode, list[tuple[ToolCall | None, dict | None]]]], source: ResponseSource,
+                  turn: int, stats: RolloutStats) -> None:
+    """Every valid call of the turn goes to the source in one batch; invalid ones are answered
+    here with their structured error."""
+    requests = [ToolRequest(task=ep.task, call=call, earlier=list(ep.earlier), state=ep.state,
+                            trajectory_index=ep.index, turn=turn)
+                for ep, calls in pending if ep.execute for call, err in calls if err is None]
+    responses = iter(source.respond(requests))
+    for ep, calls in pending:
+        if not ep.execute:
+            continue
+        for call, err in calls:
+            resp = ToolResponse(text=dump_result(err), rehearsed=False) if err is not None else next(responses)
+            if resp.sample is not None:
+                ep.samples.append(resp.sample)
+                stats.simulator_tokens += len(resp.sample.gen_ids)
+            stats.simulator_seconds += resp.gen_seconds
+            ep.gen_seconds += resp.gen_seconds
+            ep.sim_format_failures += int(not resp.format_ok)
+            ep.add(Message(role="tool", name=call.name if call else None, content=resp.text, rehearsed=resp.rehearsed))
+            if call is not None:
+                ep.earlier.append((call, resp.text))
+        if ep.stop_reason is None and ep.max_steps is not None and ep.steps >= ep.max_steps:
+            ep.stop("max_turns", forced=True)
 
 
 def run_episodes(
@@ -129,53 +225,49 @@ def run_episodes(
     source: ResponseSource,
     cfg: RolloutConfig,
     judge: Judge | None = None,
+    user: UserTurns | None = None,
+    score: Scorer | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
 ) -> tuple[list[Trajectory], RolloutStats]:
-    """Run ``cfg.group_size`` episodes per task; return finished, judged trajectories in task order."""
+    """Run ``cfg.group_size`` episodes per task; return finished, scored trajectories in task order.
+
+    The one episode loop of envace (training rollouts, evaluation, test-time rehearsal, SFT data,
+    benchmarks). ``user`` plays later user turns (default: none, the episode is one request);
+    ``score`` scores a finished episode (default: the task's checklist, with the episode's world
+    where the source is real); ``on_episode`` sees each trajectory as it is scored (progress).
+    """
     wall0 = time.perf_counter()
     stats = RolloutStats()
-    episodes = [_Episode(task=t, index=g, state=source.start(t)) for t in tasks for g in range(cfg.group_size)]
-    for turn in range(cfg.max_turns):
+    episodes = [Episode(task=t, index=g, state=source.start(t)) for t in tasks for g in range(cfg.group_size)]
+    if user is not None:
+        user.begin(episodes)
+    turn = 0
+    while cfg.max_turns is None or turn < cfg.max_turns:
+        if user is not None:
+            _user_step(episodes, user)
         running = [e for e in episodes if e.stop_reason is None]
         if not running:
             break
-        pending = _step_callers(running, actor, turn, stats)
-        requests: list[ToolRequest] = []
-        for ep, calls in pending:
-            for call, err in calls:
-                if err is None:
-                    requests.append(ToolRequest(task=ep.task, call=call, earlier=list(ep.earlier), state=ep.state,
-                                                trajectory_index=ep.index, turn=turn))
-        responses = iter(source.respond(requests))
-        for ep, calls in pending:
-            for call, err in calls:
-                resp = ToolResponse(text=dump_result(err), rehearsed=False) if err is not None else next(responses)
-                if resp.sample is not None:
-                    ep.samples.append(resp.sample)
-                    stats.simulator_tokens += len(resp.sample.gen_ids)
-                stats.simulator_seconds += resp.gen_seconds
-                ep.gen_seconds += resp.gen_seconds
-                ep.sim_format_failures += int(not resp.format_ok)
-                ep.history.append(Message(role="tool", name=call.name if call else None, content=resp.text,
-                                          rehearsed=resp.rehearsed))
-                if call is not None:
-                    ep.earlier.append((call, resp.text))
+        pending = _step_callers(running, actor, turn, stats, multi_turn=user is not None)
+        _answer_calls(pending, source, turn, stats)
+        turn += 1
     trajectories = []
     for ep in episodes:
-        traj = Trajectory(
-            task_id=ep.task.id, source=source.name, trajectory_index=ep.index,
-            messages=[Message(role="user", content=ep.task.instruction), *ep.history],
-            samples=ep.samples, stop_reason=ep.stop_reason or "max_turns", tool_calls=ep.tool_calls,
-            parse_failures=ep.parse_failures, sim_format_failures=ep.sim_format_failures,
-            timings={"generation_s": round(ep.gen_seconds, 4),
-                     "episode_s": round(time.perf_counter() - ep.started, 4)},
-        )
-        world = ep.state if source.name == "real" else None
+        if ep.stop_reason is None:
+            ep.stop("max_turns", forced=True)
+        traj = ep.trajectory(source.name)
         try:
-            traj.reward, traj.verdicts = judge_trajectory(ep.task, traj, world=world, judge=judge)
+            if score is not None:
+                traj.reward, traj.verdicts = score(ep, traj)
+            else:
+                world = ep.state if source.name == "real" else None
+                traj.reward, traj.verdicts = judge_trajectory(ep.task, traj, world=world, judge=judge)
         finally:
             finish = getattr(source, "finish", None)
             if callable(finish):
                 finish(ep.state)  # a real episode's environment closes (an MCP session, its server)
+        if on_episode is not None:
+            on_episode(traj)
         trajectories.append(traj)
     stats.episodes = len(episodes)
     stats.wall_seconds = time.perf_counter() - wall0
