@@ -23,6 +23,7 @@ from scale_helpers import make_trajectories, make_updaters, tiny_models  # noqa:
 from envace.train import distributed as dist  # noqa: E402
 from envace.train.advantages import compute_advantages  # noqa: E402
 from envace.train.modes import ModeSpec  # noqa: E402
+from envace.train.step import update_for_mode  # noqa: E402
 
 
 def main(out_dir: str, parallel: str = "ddp") -> int:
@@ -49,7 +50,7 @@ def main(out_dir: str, parallel: str = "ddp") -> int:
     scored = dist.compute_advantages_global(accelerator, local)
     spec = ModeSpec.for_mode("noshare")
     updaters = dist.prepare_updaters(accelerator, make_updaters(caller, simulator), parallel)
-    stats = dist.distributed_update(accelerator, spec, updaters, scored)
+    stats = update_for_mode(spec, updaters, scored)
     optimizers = dist.optimizers_of(updaters)  # under FSDP: gathered, a collective
     saved = {k: o if isinstance(o, dict) else o.state_dict() for k, o in optimizers.items()}
     torch.save({"rank": rank, "stats": stats,

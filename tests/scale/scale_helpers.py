@@ -50,12 +50,17 @@ def make_trajectories(model, vocab: int, seed: int = 0) -> list[Trajectory]:
     for task in TASKS:
         for g in range(G):
             samples = []
+            context: list[int] = []  # the caller's conversation so far: later turns extend it (merge_turns)
             for turn in range(rng.randint(1, 3)):
                 for role in ("caller", "simulator"):
                     prompt = [rng.randrange(vocab) for _ in range(rng.randint(4, 20))]
+                    if role == "caller":
+                        prompt = context + prompt
                     gen = [rng.randrange(vocab) for _ in range(rng.randint(1, 9))]
                     if role == "simulator" and turn == 1 and g == 0:
                         gen = [0]  # a content-free turn: exercises the empty penalty with content_free_ids
+                    if role == "caller":
+                        context = prompt + gen
                     samples.append(TurnSample(role=role, group_id=task, trajectory_index=g, turn=turn,
                                               prompt_ids=prompt, gen_ids=gen, logprobs=_logprobs(model, prompt, gen),
                                               format_ok=(rng.random() < 0.5) if role == "simulator" else None))

@@ -76,8 +76,11 @@ def test_two_processes_take_the_one_process_update(tmp_path, parallel):
     for k in ("caller/loss", "caller/grad_norm", "simulator/loss", "caller/entropy", "simulator/ratio_mean"):
         assert stats[k] == pytest.approx(ref_stats[k], rel=1e-4, abs=1e-6), k
     for k in ("caller/tokens", "caller/samples/caller", "simulator/tokens", "caller/skipped_zero_adv",
-              "simulator/optimizer_steps", "caller/optimizer_steps"):
+              "simulator/optimizer_steps", "caller/optimizer_steps", "caller/merged_away"):
         assert stats[k] == ref_stats[k], k
+    # merge_turns ran on both sides (one updater): the caller's later turns rode along in their
+    # trajectory's merged sequence, and the weights above still match the one-process update.
+    assert ref_stats["caller/merged_away"] > 0
     assert stats["caller/processes"] == 2.0
 
 
@@ -91,7 +94,7 @@ def test_single_process_path_is_update_for_mode():
     ups = dist.prepare_updaters(None, make_updaters(a_caller, a_sim))
     assert dist.optimizers_of(ups) == {k: u.optimizer for k, u in ups.items()}
     dist.barrier(None)
-    got = dist.distributed_update(None, spec, ups, dist.compute_advantages_global(None, trajs))
+    got = update_for_mode(spec, ups, dist.compute_advantages_global(None, trajs))
     want = update_for_mode(spec, make_updaters(b_caller, b_sim), compute_advantages(trajs))
     assert got == want
     for m, n in ((a_caller, b_caller), (a_sim, b_sim)):
@@ -146,8 +149,11 @@ def test_accelerate_sharded_engines_are_refused_with_a_pointer_to_parallel_fsdp(
     dist.require_replicated(SimpleNamespace(distributed_type="MULTI_CPU"))  # DDP, and parallel: fsdp on top of it
 
 
-def test_unprepared_updaters_are_refused_on_several_processes():
-    fake = SimpleNamespace(num_processes=2, process_index=0)
+def test_unprepared_updaters_are_refused_on_several_processes(monkeypatch):
+    caller, simulator, tok = tiny_models()
+    ups = make_updaters(caller, simulator)
+    scored = compute_advantages(make_trajectories(caller, len(tok)))
+    monkeypatch.setenv("WORLD_SIZE", "2")  # one of two processes, but no accelerator attached
     with pytest.raises(ValueError, match="prepare_updaters"):
-        dist.distributed_update(fake, ModeSpec.for_mode("share"), {}, [])
+        update_for_mode(ModeSpec.for_mode("noshare"), ups, scored)
 

@@ -277,12 +277,11 @@ class TrainState:
 
 
 def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
-    g = cfg.grpo
-    return UpdaterConfig(lr=g.lr, clip=g.clip, agg=g.agg, kl_coef=g.kl_coef, caller_weight=g.caller_weight,
-                         simulator_weight=g.simulator_weight, micro_batch_tokens=g.micro_batch_tokens,
-                         ppo_epochs=g.ppo_epochs, max_grad_norm=g.max_grad_norm,
-                         temperature=cfg.rollout.temperature,
-                         simulator_temperature=cfg.rollout.simulator_temperature, pad_id=tokenizer.pad_token_id or 0)
+    """The updater's frozen settings, built once: the ``grpo`` section's fields of the same name,
+    the sampler's temperatures (so new and old log-probs compare) and the pad id."""
+    return UpdaterConfig.from_sections(cfg.grpo, temperature=cfg.rollout.temperature,
+                                       simulator_temperature=cfg.rollout.simulator_temperature,
+                                       pad_id=tokenizer.pad_token_id or 0)
 
 
 def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any | None = None) -> TrainState:
@@ -473,7 +472,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
                                                 empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
                                                 format_bonus=cfg.grpo.sim_format_reward)
-        ustats = dist.distributed_update(acc, models.spec, st.updaters, scored)
+        ustats = update_for_mode(models.spec, st.updaters, scored)
         t_total = time.perf_counter() - t0
         rolled = dist.gather_objects(acc, [(tok_s, t_roll)])
         trajs = _in_task_order(dist.gather_trajectories(acc, trajs), all_tasks, acc)

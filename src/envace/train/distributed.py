@@ -13,32 +13,25 @@ What each step does on N processes (launched by ``accelerate launch``):
    ids) and runs :func:`~envace.train.advantages.compute_advantages` on the union, then keeps
    this rank's samples. The result is exactly the single-process one, also when a group's G
    trajectories are spread over ranks.
-3. **One optimiser step on the global batch.** :func:`distributed_update` mirrors
-   :meth:`~envace.train.step.GRPOUpdater.step`: each role's loss is normalised by the *global*
-   count of that role's tokens (token_mean) or samples (seq_mean), divided by N because DDP
-   averages gradients, so the synchronised gradient equals the single-process full-batch
-   gradient. Ranks hold different numbers of micro-batches; every rank runs the same number of
-   forward/backward passes (the short ones add zero-weighted passes), as DDP and FSDP need.
-   Gradients are synchronised once per step (``no_sync`` on the others under DDP,
-   ``set_requires_gradient_sync`` under FSDP), clipped by accelerate, and the optimiser steps on
-   every rank.
+3. **One optimiser step on the global batch**, by the one updater
+   (:meth:`~envace.train.step.GRPOUpdater.step`, the same code as in one process, once
+   :func:`prepare_updaters` has attached the accelerator): each role's loss is normalised by
+   the *global* count of that role's tokens or samples, divided by N because DDP averages
+   gradients, so the synchronised gradient equals the single-process full-batch gradient.
 4. **Under FSDP, rollouts use a replica.** Ranks generate different tasks with different lengths,
    which a sharded model cannot do (its forwards all-gather in lockstep), so each rank keeps the
    original, whole-weight model for rollouts, evals and checkpoints, and trains a sharded copy;
    after every update the replica's trained weights are refreshed from the shards.
 
-The one-process path (no accelerator, or a single process) is exactly
-:func:`~envace.train.step.update_for_mode`.
+This module holds the setup (accelerator, wrapping, sharding), the task split, the global
+advantages and checkpoint helpers; the per-step collectives are in ``train.collectives``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import inspect
-import math
-import os
 import warnings
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,12 +40,12 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from envace.core.types import Role, Trajectory, TurnSample
+from envace.core.types import Role, Trajectory
 from envace.train.advantages import ScoredSample, advantage_stats, compute_advantages, is_empty_generation
-from envace.train.batching import padding_fraction, split_micro_batches
-from envace.train.grpo_loss import ROLES, decoder_and_head, grpo_loss, merge_loss_stats, role_normalizers
-from envace.train.modes import ModeSpec
-from envace.train.step import GRPOUpdater, update_for_mode
+from envace.train.collectives import (  # noqa: F401 - re-exported: the job reads them from here
+    gather_objects, is_main_process, launched_distributed, merge_rank_stats, num_processes, process_index)
+from envace.train.grpo_loss import decoder_and_head
+from envace.train.step import GRPOUpdater
 
 T = TypeVar("T")
 
@@ -60,11 +53,6 @@ _WORLD_ENV = ("WORLD_SIZE", "ACCELERATE_NUM_PROCESSES")
 
 
 # ---------------------------------------------------------------------------- setup
-
-
-def launched_distributed() -> bool:
-    """True when this process was started as one of several (accelerate launch / torchrun)."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
 def make_accelerator(timeout_s: float | None = None, **kwargs: Any) -> Any | None:
@@ -110,41 +98,6 @@ def _has_accelerator_device() -> bool:
     if probe is not None and hasattr(probe, "is_available"):
         return bool(probe.is_available())
     return torch.cuda.is_available()
-
-
-def num_processes(accelerator: Any | None) -> int:
-    return 1 if accelerator is None else int(accelerator.num_processes)
-
-
-def process_index(accelerator: Any | None) -> int:
-    return 0 if accelerator is None else int(accelerator.process_index)
-
-
-def is_main_process(accelerator: Any | None) -> bool:
-    return accelerator is None or bool(accelerator.is_main_process)
-
-
-@dataclass
-class DistributedUpdater:
-    """A GRPOUpdater whose model and optimiser went through ``accelerator.prepare`` (DDP) or
-    ``fully_shard`` (FSDP).
-
-    ``updater`` keeps the configuration and, under DDP, the *unwrapped* model (what rollouts
-    generate with, and what checkpoints save); ``model`` is the DDP wrapper or the sharded model;
-    ``scorer`` is the module the loss runs (see :func:`prepare_updaters`); ``optimizer`` is
-    accelerate's wrapper of the updater's own torch optimiser (DDP) or the optimiser over the
-    shards (FSDP). ``replica`` (FSDP only) is the whole-weight model rollouts use.
-    """
-
-    updater: GRPOUpdater
-    model: nn.Module
-    optimizer: Any
-    scorer: nn.Module
-    replica: nn.Module | None = None
-
-    @property
-    def config(self):  # noqa: ANN201 - UpdaterConfig
-        return self.updater.config
 
 
 class _HiddenStates(nn.Module):
@@ -231,12 +184,13 @@ _SHARDED = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")
 
 def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater], parallel: str = "ddp",
                      optimizer_states: Mapping[str, Mapping[str, Any]] | None = None,
-                     ) -> dict[str, GRPOUpdater] | dict[str, DistributedUpdater]:
-    """Wrap each updater's model and optimiser with ``accelerator.prepare`` (one pair per call,
-    as FSDP needs), or shard them (``parallel="fsdp"``, see :func:`_fully_shard`). Without an
-    accelerator (single process) the updaters come back unchanged. Call once, after checkpoints
-    were loaded into the models and optimisers; under FSDP the optimisers are rebuilt over the
-    shards, and ``optimizer_states`` (saved full state dicts, by updater key) are loaded into them.
+                     ) -> dict[str, GRPOUpdater]:
+    """Attach the accelerator to each updater: its model and optimiser go through
+    ``accelerator.prepare`` (one pair per call, as FSDP needs), or are sharded
+    (``parallel="fsdp"``, see :func:`_fully_shard`). Without an accelerator (single process)
+    the updaters come back unchanged. Call once, after checkpoints were loaded into the models
+    and optimisers; under FSDP the optimisers are rebuilt over the shards, and
+    ``optimizer_states`` (saved full state dicts, by updater key) are loaded into them.
 
     Under DDP (and a single accelerate process) the decoder is what gets wrapped, so the loss
     keeps scoring only generated positions with the vocabulary head; under FSDP / DeepSpeed the
@@ -250,7 +204,7 @@ def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater
     if parallel != "ddp":
         raise ValueError(f"parallel must be 'ddp' or 'fsdp', not {parallel!r}")
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
-    out: dict[str, DistributedUpdater] = {}
+    out: dict[str, GRPOUpdater] = {}
     for key, up in updaters.items():
         if kind not in _SHARDED and decoder_and_head(up.model) is not None:
             with warnings.catch_warnings():  # torch renamed it; accelerate's DDP kwargs know only the old name
@@ -260,11 +214,11 @@ def prepare_updaters(accelerator: Any | None, updaters: Mapping[str, GRPOUpdater
         else:
             wrapped, optimizer = accelerator.prepare(up.model, up.optimizer)
             scorer = _ForwardOnly(wrapped)
-        out[key] = DistributedUpdater(updater=up, model=wrapped, optimizer=optimizer, scorer=scorer)
+        out[key] = up.attach(accelerator, trained=wrapped, scorer=scorer, stepper=optimizer)
     return out
 
 
-def _fully_shard(accelerator: Any, up: GRPOUpdater, optimizer_state: Mapping[str, Any] | None) -> DistributedUpdater:
+def _fully_shard(accelerator: Any, up: GRPOUpdater, optimizer_state: Mapping[str, Any] | None) -> GRPOUpdater:
     """FSDP2 on a deep copy of the updater's model: each decoder layer is one shard group (its
     weights are gathered for its forward and backward only), the root holds the rest (embeddings,
     head, final norm). The original model stays whole on every rank as the rollout replica. The
@@ -292,15 +246,14 @@ def _fully_shard(accelerator: Any, up: GRPOUpdater, optimizer_state: Mapping[str
     old = up.optimizer
     accepted = inspect.signature(type(old)).parameters  # AdamW's defaults hold a key its constructor refuses
     defaults = {k: v for k, v in old.param_groups[0].items() if k in accepted and k != "params"}
-    sharded = GRPOUpdater(model, up.config, ref_model=up.ref_model,
-                          optimizer=type(old)([p for p in model.parameters() if p.requires_grad], **defaults))
+    optimizer = type(old)([p for p in model.parameters() if p.requires_grad], **defaults)
     if optimizer_state is not None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(model, sharded.optimizer, _keyed_by_name(optimizer_state, model, sharded.optimizer),
+        set_optimizer_state_dict(model, optimizer, _keyed_by_name(optimizer_state, model, optimizer),
                                  options=StateDictOptions(full_state_dict=True))
-    return DistributedUpdater(updater=sharded, model=model, optimizer=sharded.optimizer, scorer=_ForwardOnly(model),
-                              replica=up.model)
+    up.optimizer = optimizer  # the shards' optimiser is the one checkpoints save (gathered)
+    return up.attach(accelerator, trained=model, scorer=_ForwardOnly(model), stepper=optimizer, replica=up.model)
 
 
 def _keyed_by_name(state: Mapping[str, Any], model: nn.Module, optimizer: Any) -> dict[str, Any]:
@@ -318,35 +271,20 @@ def _keyed_by_name(state: Mapping[str, Any], model: nn.Module, optimizer: Any) -
             "param_groups": [{**g, "params": [rename[k] for k in g["params"]]} for g in state["param_groups"]]}
 
 
-@torch.no_grad()
-def refresh_replica(du: DistributedUpdater) -> None:
-    """Copy the sharded model's trained weights into the rollout replica (FSDP; no-op otherwise).
-    One all-gather per trainable parameter (a collective: every rank calls it, in the same
-    order), so the peak extra memory is one whole parameter; frozen weights (a LoRA model's
-    base) never change and are not gathered."""
-    if du.replica is None:
-        return
-    replica = dict(du.replica.named_parameters())
-    for name, p in du.model.named_parameters():
-        if p.requires_grad:
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p
-            replica[name].copy_(full)
-
-
-def optimizers_of(updaters: Mapping[str, GRPOUpdater] | Mapping[str, DistributedUpdater]) -> dict[str, Any]:
-    """What checkpoints save of the optimisers: the torch optimisers, prepared or not
-    (accelerate's wrapper shares the updater's optimiser and its state, so saving and loading go
-    through the plain one); under FSDP their full state dicts gathered from the shards, keyed by
-    parameter name: a collective (every rank calls it), whose result only rank 0 holds."""
+def optimizers_of(updaters: Mapping[str, GRPOUpdater]) -> dict[str, Any]:
+    """What checkpoints save of the optimisers: the torch optimisers (accelerate's wrapper shares
+    the updater's optimiser and its state, so saving and loading go through the plain one);
+    under FSDP their full state dicts gathered from the shards, keyed by parameter name: a
+    collective (every rank calls it), whose result only rank 0 holds."""
     out: dict[str, Any] = {}
     for key, u in updaters.items():
-        if isinstance(u, DistributedUpdater) and u.replica is not None:
+        if u.replica is not None:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-            out[key] = get_optimizer_state_dict(u.model, u.optimizer,
+            out[key] = get_optimizer_state_dict(u.trained, u.optimizer,
                                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         else:
-            out[key] = u.updater.optimizer if isinstance(u, DistributedUpdater) else u.optimizer
+            out[key] = u.optimizer
     return out
 
 
@@ -415,16 +353,6 @@ def rank_seed(seed: int | None, accelerator: Any | None) -> int | None:
     if seed is None:
         return None
     return seed + 1_000_003 * process_index(accelerator)
-
-
-def gather_objects(accelerator: Any | None, items: list[T]) -> list[T]:
-    """Every rank's ``items`` concatenated in rank order, on every rank (pickled through
-    ``torch.distributed.all_gather_object``, via accelerate)."""
-    if num_processes(accelerator) == 1:
-        return list(items)
-    from accelerate.utils import gather_object
-
-    return list(gather_object(list(items)))
 
 
 def gather_trajectories(accelerator: Any | None, trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -501,183 +429,3 @@ def global_advantage_stats(accelerator: Any | None, scored: Sequence[ScoredSampl
         return advantage_stats(scored)
     mine = [_ScoredMeta(s.role, s.reward, s.advantage) for s in scored]
     return advantage_stats(gather_objects(accelerator, mine))  # type: ignore[arg-type]
-
-
-# ---------------------------------------------------------------------------- the update
-
-
-def _reduce_sum(accelerator: Any, values: Sequence[float]) -> list[float]:
-    t = torch.tensor(list(values), dtype=torch.float64, device=accelerator.device)
-    return [float(v) for v in accelerator.reduce(t, reduction="sum").tolist()]
-
-
-def _reduce_max(accelerator: Any, value: int) -> int:
-    t = torch.tensor([value], dtype=torch.long, device=accelerator.device)
-    return int(accelerator.gather(t).max())
-
-
-def _padding_sample(pad_id: int, role: Role) -> ScoredSample:
-    """A one-token sample whose loss is multiplied by 0: it only makes a rank take part in a
-    forward/backward (and so in the gradient collectives) when it has no micro-batch left."""
-    s = TurnSample(role=role, group_id="__envace_pad__", trajectory_index=0, turn=0, prompt_ids=[pad_id],
-                   gen_ids=[pad_id], logprobs=[0.0])
-    return ScoredSample(sample=s, advantage=0.0, reward=0.0)
-
-
-def _is_ddp(model: nn.Module) -> bool:
-    return isinstance(model, nn.parallel.DistributedDataParallel)
-
-
-def _set_sync(accelerator: Any, value: bool) -> None:
-    """accelerate's sync flag: under DeepSpeed it marks the gradient-accumulation boundary."""
-    try:
-        accelerator.sync_gradients = value
-    except AttributeError:  # older accelerate: no setter
-        accelerator.gradient_state._set_sync_gradients(value)
-
-
-def distributed_compute_gradients(accelerator: Any, du: DistributedUpdater, scored: Sequence[ScoredSample]
-                                  ) -> dict[str, float]:
-    """Accumulate this step's global-batch gradient over every rank's micro-batches (the
-    distributed counterpart of GRPOUpdater.compute_gradients). Returns this rank's stats plus
-    ``_micro_batches`` (the global maximum: 0 means no rank had anything to learn from)."""
-    up, cfg = du.updater, du.updater.config
-    world = num_processes(accelerator)
-    du.optimizer.zero_grad(set_to_none=True)
-    batch = up.select(scored)
-    local_norm = role_normalizers(batch, cfg.agg)
-    totals = _reduce_sum(accelerator, [local_norm[r] for r in ROLES])
-    # DDP / FSDP average gradients over ranks: scale the per-rank denominators by 1/N so the
-    # average is the gradient of (sum of every rank's token losses) / (global count).
-    normalizers = {r: totals[i] / world for i, r in enumerate(ROLES)}
-    skipped = 0
-    if cfg.skip_zero_advantage and up.ref_model is None:
-        kept = [s for s in batch if s.advantage != 0.0]
-        skipped = len(batch) - len(kept)
-        batch = kept
-    micro = split_micro_batches(batch, cfg.micro_batch_tokens) if batch else []
-    steps = _reduce_max(accelerator, len(micro))
-    parts: list[dict[str, float]] = []
-    pad_role: Role = next((r for r in ROLES if cfg.role_weights()[r] != 0.0), "caller")
-    ddp = _is_ddp(du.model)
-    fsdp = hasattr(du.model, "set_requires_gradient_sync")  # FSDP2's fully_shard
-    try:
-        for i in range(steps):
-            real = i < len(micro)
-            mb = micro[i] if real else [_padding_sample(cfg.pad_id, pad_role)]
-            last = i == steps - 1
-            _set_sync(accelerator, last)
-            if fsdp:  # accumulate unsharded gradients locally; reduce-scatter once, on the last
-                du.model.set_requires_gradient_sync(last)
-            context = accelerator.no_sync(du.model) if (ddp and not last) else contextlib.nullcontext()
-            with context:
-                loss, stats = grpo_loss(
-                    du.scorer, mb, clip=cfg.clip, clip_high=cfg.clip_high, agg=cfg.agg, kl_coef=cfg.kl_coef,
-                    ref_model=up.ref_model, caller_weight=cfg.caller_weight, simulator_weight=cfg.simulator_weight,
-                    temperature=cfg.role_temperatures(), normalizers=normalizers, pad_id=cfg.pad_id,
-                    with_entropy=cfg.with_entropy, share_prefixes=cfg.share_prefixes)
-                accelerator.backward(loss if real else loss * 0.0)
-            if real:
-                parts.append(stats)
-    finally:
-        _set_sync(accelerator, True)
-        if fsdp:
-            du.model.set_requires_gradient_sync(True)
-    out = merge_loss_stats(parts) if parts else {"loss": 0.0, "tokens": 0.0}
-    out["micro_batches"] = float(len(micro))
-    out["padding_frac"] = padding_fraction(micro)
-    out["skipped_zero_adv"] = float(skipped)
-    out["_micro_batches"] = float(steps)
-    return out
-
-
-def distributed_step(accelerator: Any, du: DistributedUpdater, scored: Sequence[ScoredSample]) -> dict[str, float]:
-    """``ppo_epochs`` x (accumulate over all ranks, clip, step): GRPOUpdater.step on N processes.
-    Returns stats merged over ranks (see :func:`merge_rank_stats`)."""
-    cfg = du.updater.config
-    stats: dict[str, float] = {}
-    steps = 0
-    grad_norm: float | None = None
-    for _ in range(cfg.ppo_epochs):
-        stats = distributed_compute_gradients(accelerator, du, scored)
-        if not stats.pop("_micro_batches"):
-            break  # no rank has a sample to learn from: no step, as in the single process
-        max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-        norm = accelerator.clip_grad_norm_(list(du.model.parameters()), max_norm)
-        if hasattr(norm, "full_tensor"):  # FSDP: the norm of sharded gradients is a (replicated) DTensor
-            norm = norm.full_tensor()
-        grad_norm = None if norm is None else float(norm)
-        du.optimizer.step()
-        if du.updater.scheduler is not None:
-            du.updater.scheduler.step()
-        du.optimizer.zero_grad(set_to_none=True)
-        steps += 1
-    if steps:
-        refresh_replica(du)  # the next rollouts generate with the updated weights
-    stats.pop("_micro_batches", None)
-    merged = merge_rank_stats(gather_objects(accelerator, [stats]))
-    if grad_norm is not None:
-        merged["grad_norm"] = grad_norm  # identical on every rank (gradients are synchronised)
-    merged["optimizer_steps"] = float(steps)
-    merged["lr"] = float(du.updater.optimizer.param_groups[0]["lr"])
-    merged["processes"] = float(num_processes(accelerator))
-    return merged
-
-
-_MEAN_PREFIX = ("loss",)  # each rank's loss is its share x N: the global loss is their mean
-_SUM_PREFIX = ("tokens", "samples", "skipped_zero_adv")
-_TOKEN_WEIGHTED = ("clip_frac", "ratio_mean", "entropy", "kl")
-
-
-def merge_rank_stats(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Combine the ranks' stats into the values one process would report on the global batch."""
-    if not per_rank:
-        return {}
-    n = len(per_rank)
-    out: dict[str, float] = {}
-    for key in sorted({k for s in per_rank for k in s}):
-        values = [(s.get(key, 0.0), s.get("tokens", 0.0)) for s in per_rank]
-        head = key.split("/")[0]
-        if head in _MEAN_PREFIX:
-            out[key] = sum(v for v, _ in values) / n
-        elif head in _SUM_PREFIX:
-            out[key] = sum(v for v, _ in values)
-        elif key == "ratio_max" or key == "micro_batches":
-            out[key] = max(v for v, _ in values)
-        elif key in _TOKEN_WEIGHTED:
-            present = [(s[key], s.get("tokens", 0.0)) for s in per_rank if key in s]
-            weight = sum(w for _, w in present)
-            out[key] = sum(v * w for v, w in present) / weight if weight else 0.0
-        else:  # padding_frac and anything else: the mean over ranks
-            out[key] = sum(v for v, _ in values) / n
-    return out
-
-
-def distributed_update(
-    accelerator: Any | None,
-    spec: ModeSpec,
-    updaters: Mapping[str, GRPOUpdater] | Mapping[str, DistributedUpdater],
-    scored_local: Sequence[ScoredSample],
-) -> dict[str, float]:
-    """Step every trained model of ``spec`` on the global batch (this rank holds
-    ``scored_local``); stats keys are prefixed ``<model>/`` as in update_for_mode.
-
-    With no accelerator (or plain GRPOUpdaters) this *is* ``update_for_mode``. Every rank must
-    call it at the same point of the step, with the same ``spec`` and updater keys.
-    """
-    if accelerator is None or all(isinstance(u, GRPOUpdater) for u in updaters.values()):
-        if num_processes(accelerator) > 1:
-            raise ValueError("distributed_update on several processes needs prepare_updaters(accelerator, ...) first")
-        return update_for_mode(spec, {k: _plain(u) for k, u in updaters.items()}, scored_local)
-    stats: dict[str, float] = {}
-    for key, samples in spec.split_by_model(scored_local).items():
-        du = updaters[key]
-        if not isinstance(du, DistributedUpdater):
-            raise TypeError(f"updater {key!r} was not prepared: call prepare_updaters(accelerator, updaters)")
-        for name, value in distributed_step(accelerator, du, samples).items():
-            stats[f"{key}/{name}"] = value
-    return stats
-
-
-def _plain(u: GRPOUpdater | DistributedUpdater) -> GRPOUpdater:
-    return u.updater if isinstance(u, DistributedUpdater) else u

@@ -4,19 +4,23 @@ adapter and nothing else)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from envace.core.types import Role
+from envace.core.types import Role, TurnSample
 from envace.policy.sampling import logprob_temperature
 from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_trajectory_turns, padding_fraction, split_micro_batches
-from envace.train.grpo_loss import LossAgg, grpo_loss, merge_loss_stats, role_normalizers
+from envace.train.collectives import (gather_objects, launched_distributed, merge_rank_stats, num_processes,
+                                      reduce_max, reduce_sum, set_sync)
+from envace.train.grpo_loss import ROLES, LossAgg, grpo_loss, merge_loss_stats, role_normalizers
 from envace.train.modes import ModeSpec
 
 
@@ -47,6 +51,21 @@ class UpdaterConfig:
     # Run a micro-batch's shared prompt prefixes once (same result; grpo_loss._decoder_hidden).
     share_prefixes: bool = True
 
+    @classmethod
+    def from_sections(cls, section: Any, **extra: Any) -> "UpdaterConfig":
+        """Every field of ``section`` (a typed config section, e.g. the ``grpo`` section) that this
+        config also has, by name, plus ``extra``: no field is copied by hand."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        fields = getattr(type(section), "model_fields", None) or vars(section)
+        return cls(**{k: getattr(section, k) for k in fields if k in names}, **extra)
+
+    def loss_settings(self) -> dict[str, Any]:
+        """The loss's own settings (``grpo_loss`` keyword arguments), read from this one object."""
+        return dict(clip=self.clip, clip_high=self.clip_high, agg=self.agg, kl_coef=self.kl_coef,
+                    caller_weight=self.caller_weight, simulator_weight=self.simulator_weight,
+                    temperature=self.role_temperatures(), pad_id=self.pad_id, with_entropy=self.with_entropy,
+                    share_prefixes=self.share_prefixes)
+
     def role_weights(self) -> dict[Role, float]:
         return {"caller": self.caller_weight, "simulator": self.simulator_weight}
 
@@ -62,8 +81,25 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def _padding_sample(pad_id: int, role: Role) -> ScoredSample:
+    """A one-token sample whose loss is multiplied by 0: it only makes a rank take part in a
+    forward/backward (and so in the gradient collectives) when it has no micro-batch left."""
+    s = TurnSample(role=role, group_id="__envace_pad__", trajectory_index=0, turn=0, prompt_ids=[pad_id],
+                   gen_ids=[pad_id], logprobs=[0.0])
+    return ScoredSample(sample=s, advantage=0.0, reward=0.0)
+
+
 class GRPOUpdater:
-    """Owns one model's optimiser. ``step(scored)`` = ``ppo_epochs`` optimiser steps."""
+    """Owns one model's optimiser. ``step(scored)`` = ``ppo_epochs`` optimiser steps, on one
+    process or, once :func:`envace.train.distributed.prepare_updaters` has attached an
+    accelerator, on N (the same code: each rank holds its share of the batch, role losses are
+    normalised by the global counts, gradients are synchronised once per step).
+
+    ``model`` is what rollouts generate with and checkpoints save; ``trained`` is the module the
+    gradients live on (the model itself, its DDP wrapper, or its FSDP shards), ``scorer`` the
+    module the loss runs, ``stepper`` what takes the optimiser step (accelerate's wrapper under
+    DDP), ``replica`` (FSDP only) the whole-weight model refreshed from the shards after a step.
+    """
 
     def __init__(
         self,
@@ -91,23 +127,66 @@ class GRPOUpdater:
             weight_decay=config.weight_decay,
         )
         self.scheduler = scheduler
+        self.accelerator: Any | None = None
+        self.trained: nn.Module = model
+        self.scorer: nn.Module = model
+        self.stepper: Any = self.optimizer
+        self.replica: nn.Module | None = None
+
+    def attach(self, accelerator: Any, trained: nn.Module, scorer: nn.Module, stepper: Any,
+               replica: nn.Module | None = None) -> "GRPOUpdater":
+        """Run on N processes (see :func:`envace.train.distributed.prepare_updaters`)."""
+        self.accelerator, self.trained, self.scorer, self.stepper, self.replica = (
+            accelerator, trained, scorer, stepper, replica)
+        return self
+
+    @property
+    def processes(self) -> int:
+        return num_processes(self.accelerator)
 
     def select(self, scored: Sequence[ScoredSample]) -> list[ScoredSample]:
         """Samples that can carry loss: a role with nonzero weight and at least one token."""
         weights = self.config.role_weights()
         return [s for s in scored if weights[s.role] != 0.0 and s.n_tokens > 0]
 
+    @contextlib.contextmanager
+    def _sync(self, last: bool) -> Iterator[None]:
+        """Gradients are synchronised across ranks on the step's last backward only."""
+        acc = self.accelerator
+        if acc is None:
+            yield
+            return
+        fsdp = hasattr(self.trained, "set_requires_gradient_sync")  # FSDP2's fully_shard
+        set_sync(acc, last)
+        if fsdp:
+            self.trained.set_requires_gradient_sync(last)
+        ddp = isinstance(self.trained, nn.parallel.DistributedDataParallel)
+        try:
+            with acc.no_sync(self.trained) if (ddp and not last) else contextlib.nullcontext():
+                yield
+        finally:
+            set_sync(acc, True)
+            if fsdp:
+                self.trained.set_requires_gradient_sync(True)
+
     def compute_gradients(self, scored: Sequence[ScoredSample]) -> dict[str, float]:
         """Zero the grads, then accumulate the full-batch loss gradient over micro-batches.
 
-        Every micro-batch's role losses are normalised by the *full* batch's per-role counts,
-        so the summed gradient equals the gradient of the full-batch loss exactly (up to float
-        rounding), whatever the micro-batch split.
+        Every micro-batch's role losses are normalised by the *full* batch's per-role counts
+        (over every rank's share), so the summed gradient equals the gradient of the full-batch
+        loss exactly (up to float rounding), whatever the micro-batch split and the number of
+        processes. Ranks hold different numbers of micro-batches; every rank runs the same number
+        of forward/backward passes (the short ones add zero-weighted passes), as DDP and FSDP need.
+        ``global_micro_batches`` is the most any rank ran: 0 means nothing to learn from anywhere.
         """
-        cfg = self.config
-        self.optimizer.zero_grad(set_to_none=True)
+        cfg, acc, world = self.config, self.accelerator, self.processes
+        self.stepper.zero_grad(set_to_none=True)
         batch = self.select(scored)
-        normalizers = role_normalizers(batch, cfg.agg)
+        local = role_normalizers(batch, cfg.agg)
+        totals = reduce_sum(acc, [local[r] for r in ROLES])
+        # DDP / FSDP average gradients over ranks: scale the denominators by 1/N so the average is
+        # the gradient of (sum of every rank's token losses) / (global count).
+        normalizers = {r: totals[i] / world for i, r in enumerate(ROLES)}
         skipped = 0
         if cfg.skip_zero_advantage and self.ref_model is None:
             kept = [s for s in batch if s.advantage != 0.0]
@@ -117,57 +196,85 @@ class GRPOUpdater:
         if cfg.merge_turns and cfg.agg == "token_mean":
             batch = merge_trajectory_turns(batch)
         micro = split_micro_batches(batch, cfg.micro_batch_tokens) if batch else []
+        passes = reduce_max(acc, len(micro))
+        pad_role: Role = next((r for r in ROLES if cfg.role_weights()[r] != 0.0), "caller")
         parts: list[dict[str, float]] = []
-        for mb in micro:
-            loss, stats = grpo_loss(
-                self.model,
-                mb,
-                clip=cfg.clip,
-                clip_high=cfg.clip_high,
-                agg=cfg.agg,
-                kl_coef=cfg.kl_coef,
-                ref_model=self.ref_model,
-                caller_weight=cfg.caller_weight,
-                simulator_weight=cfg.simulator_weight,
-                temperature=cfg.role_temperatures(),
-                normalizers=normalizers,
-                pad_id=cfg.pad_id,
-                with_entropy=cfg.with_entropy,
-                share_prefixes=cfg.share_prefixes,
-            )
-            loss.backward()
-            parts.append(stats)
+        for i in range(passes):
+            real = i < len(micro)
+            mb = micro[i] if real else [_padding_sample(cfg.pad_id, pad_role)]
+            with self._sync(last=i == passes - 1):
+                loss, stats = grpo_loss(self.scorer, mb, ref_model=self.ref_model, normalizers=normalizers,
+                                        **cfg.loss_settings())
+                loss = loss if real else loss * 0.0
+                if acc is not None:
+                    acc.backward(loss)
+                else:
+                    loss.backward()
+            if real:
+                parts.append(stats)
         out = merge_loss_stats(parts) if parts else {"loss": 0.0, "tokens": 0.0}
         out["micro_batches"] = float(len(micro))
+        out["global_micro_batches"] = float(passes)
         out["padding_frac"] = padding_fraction(micro)
         out["skipped_zero_adv"] = float(skipped)
         out["merged_away"] = float(unmerged - len(batch))  # turns that rode along in a merged sequence
         return out
 
+    def _clip(self) -> float:
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
+        if self.accelerator is None:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        else:
+            norm = self.accelerator.clip_grad_norm_(list(self.trained.parameters()), max_norm)
+            if hasattr(norm, "full_tensor"):  # FSDP: the norm of sharded gradients is a (replicated) DTensor
+                norm = norm.full_tensor()
+        return float(norm)
+
     def step(self, scored: Sequence[ScoredSample]) -> dict[str, float]:
         """``ppo_epochs`` x (accumulate, clip grad norm, AdamW step). Returns the last epoch's
-        stats plus ``grad_norm`` (before clipping), ``lr`` and ``optimizer_steps``. A batch with
-        nothing to learn from (all advantages 0, or no trained role) takes no optimiser step,
-        so weight decay and Adam momentum do not move the weights on no signal."""
+        stats (merged over ranks) plus ``grad_norm`` (before clipping), ``lr`` and
+        ``optimizer_steps``. A batch with nothing to learn from (all advantages 0, or no trained
+        role, on every rank) takes no optimiser step, so weight decay and Adam momentum do not
+        move the weights on no signal."""
+        if self.accelerator is None and launched_distributed():
+            raise ValueError("this process is one of several: the updaters need "
+                             "envace.train.distributed.prepare_updaters(accelerator, updaters) first")
         stats: dict[str, float] = {}
         steps = 0
+        grad_norm: float | None = None
         for _ in range(self.config.ppo_epochs):
             stats = self.compute_gradients(scored)
-            if not stats["micro_batches"]:
+            if not stats["global_micro_batches"]:
                 break
-            max_norm = self.config.max_grad_norm
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.params, max_norm if max_norm is not None else math.inf
-            )
-            stats["grad_norm"] = float(grad_norm)
-            self.optimizer.step()
+            grad_norm = self._clip()
+            self.stepper.step()
             if self.scheduler is not None:
                 self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.stepper.zero_grad(set_to_none=True)
             steps += 1
+        if steps and self.replica is not None:
+            refresh_replica(self.trained, self.replica)  # the next rollouts generate with the new weights
+        stats.pop("global_micro_batches", None)
+        if self.processes > 1:
+            stats = merge_rank_stats(gather_objects(self.accelerator, [stats]))
+            stats["processes"] = float(self.processes)
+        if grad_norm is not None:
+            stats["grad_norm"] = grad_norm  # identical on every rank (gradients are synchronised)
         stats["optimizer_steps"] = float(steps)
         stats["lr"] = float(self.optimizer.param_groups[0]["lr"])
         return stats
+
+
+@torch.no_grad()
+def refresh_replica(sharded: nn.Module, replica: nn.Module) -> None:
+    """Copy the sharded model's trained weights into the rollout replica (FSDP). One all-gather
+    per trainable parameter (a collective: every rank calls it, in the same order), so the peak
+    extra memory is one whole parameter; frozen weights (a LoRA model's base) never change and
+    are not gathered."""
+    mine = dict(replica.named_parameters())
+    for name, p in sharded.named_parameters():
+        if p.requires_grad:
+            mine[name].copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)
 
 
 def updaters_for_mode(
