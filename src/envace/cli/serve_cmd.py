@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, default=8, help="rows per forward pass")
     p.add_argument("--api-key-env", default=None, metavar="VAR",
                    help="require 'Authorization: Bearer $VAR' on every request")
+    p.add_argument("--allow-weight-updates", action="store_true",
+                   help="accept POST /v1/load_weights (a training run with rollout.backend: http pushes its "
+                        "updated weights there after every step)")
     p.set_defaults(func=_serve)
 
 
@@ -30,7 +33,7 @@ def _serve(args: argparse.Namespace) -> int:
         if not api_key:
             raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
     server = serve(args.model, host=args.host, port=args.port, name=args.name, device=args.device,
-                   max_batch=args.max_batch, api_key=api_key)
+                   max_batch=args.max_batch, api_key=api_key, allow_weight_updates=args.allow_weight_updates)
     print(f"serving {args.model!r} as {server.model_name!r} at {server.url} "
           f"(POST /completions, /chat/completions; GET /models); Ctrl-C stops", flush=True)
     server.serve_forever()

@@ -38,6 +38,18 @@ class RolloutSettings(_Section):
                                                 "simulator role (0 = greedy); None: rollout.temperature")
     top_p: float = Field(1.0, gt=0, le=1)
     max_batch: int = Field(16, ge=1)
+    # Who generates training rollouts (policy/weight_sync.py): the trainer's model in process, an
+    # OpenAI-compatible server (weights pushed to it after every update), or an in-process vLLM engine.
+    backend: Literal["transformers", "http", "vllm"] = "transformers"
+    server_url: str | None = Field(None, description="backend http: the server of the caller (and, in share "
+                                   "mode, simulator) role, e.g. http://127.0.0.1:8000/v1")
+    simulator_url: str | None = Field(None, description="the simulator role's server: noshare's trained "
+                                      "simulator, or caller_only's / source simulator's external frozen one")
+    server_batches: bool = Field(True, description="send a turn's prompts in one request (envace serve seeds "
+                                 "rows by index); false for vLLM/SGLang servers: one request per prompt, each "
+                                 "with its own seed")
+    recompute_logprobs: bool | None = Field(None, description="score the rollouts' tokens with the trainer's "
+                                            "model before the update; None: on for http and vllm backends")
 
 
 class GRPOConfig(_Section):

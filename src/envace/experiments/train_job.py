@@ -25,6 +25,7 @@ from envace.experiments.config import TrainConfig
 from envace.experiments.metrics_log import MetricsLog
 from envace.envs.registry import spec_label
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
+from envace.experiments.rollout_backends import rollout_backends
 from envace.experiments.models import RunModels, frozen_copy, load_policy, split_for_mode, with_lora
 from envace.experiments.progress import StepProgress
 from envace.experiments.rundir import RunDir
@@ -37,9 +38,10 @@ from envace.rollout.sources import RealSource
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
 from envace.train.copy_warmup import copy_warmup, data_vocabulary
+from envace.train.grpo_loss import recompute_logprobs
 from envace.train.sft import oracle_sft_samples, run_sft, target_turn_lengths
 from envace.train import distributed as dist
-from envace.train.step import UpdaterConfig, updaters_for_mode
+from envace.train.step import UpdaterConfig, update_for_mode, updaters_for_mode
 
 SFT_DIR = "sft"
 CKPT_DIR = "checkpoints"
@@ -276,6 +278,22 @@ class TrainState:
     accelerator: Any | None = None  # several processes (accelerate); None: one process
 
 
+def _recompute_logprobs(cfg: TrainConfig, models: RunModels, tok: Any, trajs: list[Trajectory]) -> float:
+    """The trained roles' rollout log-probs, scored again by the trainer (see grpo_loss.recompute_logprobs)."""
+    ucfg = _updater_config(cfg, tok)
+    temps = ucfg.role_temperatures()
+    gap = 0.0
+    for role in ("caller", "simulator"):
+        model = models.for_role(role)
+        if not any(model is m for m in models.trained.values()):
+            continue
+        samples = [s for t in trajs for s in t.samples if s.role == role]
+        if samples:
+            temp = temps[role] if isinstance(temps, dict) else temps
+            gap = max(gap, recompute_logprobs(model, samples, temp, ucfg.pad_id, ucfg.micro_batch_tokens))
+    return gap
+
+
 def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
     """The updater's frozen settings, built once: the ``grpo`` section's fields of the same name,
     the sampler's temperatures (so new and old log-probs compare) and the pad id."""
@@ -419,11 +437,16 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     gen = generation_settings(cfg)
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
     device = _device(acc, cfg)
-    caller_backend = TransformersBackend(models.for_role("caller"), tok, device=device, max_batch=gen.max_batch)
     sim_model = models.for_role("simulator")
     if cfg.source == "simulator":
         sim_model = st.start_model if cfg.sim_model is None else load_policy(cfg.sim_model, cfg.lora.model_copy(update={"enabled": False}))[0]
-    sim_backend = TransformersBackend(sim_model, tok, device=device, max_batch=gen.max_batch)
+    backends = rollout_backends(cfg, models, sim_model, tok, device, run.path)
+    caller_backend, sim_backend = backends.caller, backends.simulator
+    if backends.pushers:
+        log(f"rollouts on {cfg.rollout.backend} ({cfg.rollout.server_url or cfg.model}); the trainer's weights are "
+            f"pushed before the first rollout and after every update"
+            + ("; rollout log-probs are recomputed by the trainer" if backends.recompute else ""))
+        backends.sync()
     if dist.num_processes(acc) > 1:
         log(f"{dist.num_processes(acc)} processes ({getattr(acc.distributed_type, 'value', acc.distributed_type)}): {cfg.tasks_per_step} tasks x "
             f"{cfg.group_size} trajectories per step, split by task")
@@ -468,11 +491,13 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                          judge=judge)
             tok_s = rstats.tokens_per_second
         t_roll = time.perf_counter() - t0
+        gap = _recompute_logprobs(cfg, models, tok, trajs) if backends.recompute else None
         # Advantages centred over every rank's samples of each (task, role) group.
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
                                                 empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
                                                 format_bonus=cfg.grpo.sim_format_reward)
         ustats = update_for_mode(models.spec, st.updaters, scored)
+        backends.sync()  # the serving engine generates the next rollouts with the new weights
         t_total = time.perf_counter() - t0
         rolled = dist.gather_objects(acc, [(tok_s, t_roll)])
         trajs = _in_task_order(dist.gather_trajectories(acc, trajs), all_tasks, acc)
@@ -485,6 +510,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                "rollout_s": max(r[1] for r in rolled),
                                "update_s": t_total - t_roll, "step_s": t_total}
         row.update(truncated_fractions(trajs))
+        if gap is not None:
+            row["logprob_gap_max"] = gap  # engine vs trainer, on this rank's samples
         watch_train.add(trajs)
         row.update(dist.global_advantage_stats(acc, scored))
         row.update(ustats)

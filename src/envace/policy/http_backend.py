@@ -317,12 +317,9 @@ class HTTPBackend:
         response = self._request("POST", "/chat/completions", body)
         return chat_result(response, f"{self.base_url}/chat/completions")
 
-    def chat_many(self, conversations: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None,
-                  **params: Any) -> list[ChatResult]:
-        """:meth:`chat` over many conversations at once, within the concurrency limit."""
-        return self._fan_out(lambda msgs: self.chat(msgs, tools, **dict(params)), conversations)
-
-    # ------------------------------------------------------------------ transport
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One JSON POST to ``base_url + path`` (e.g. ``/load_weights``), with the client's retries."""
+        return self._request("POST", path, body)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         url = self.base_url + path

@@ -46,8 +46,11 @@ class OpenAIServer:
     """
 
     def __init__(self, backend: Any, model_name: str = "envace", host: str = "127.0.0.1", port: int = 0,
-                 api_key: str | None = None, default_max_tokens: int = 256) -> None:
+                 api_key: str | None = None, default_max_tokens: int = 256,
+                 allow_weight_updates: bool = False) -> None:
         self.backend = backend
+        self.allow_weight_updates = allow_weight_updates
+        self.weight_version = 0
         self.model_name = model_name
         self.api_key = api_key
         self.default_max_tokens = default_max_tokens
@@ -159,23 +162,59 @@ class OpenAIServer:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
         prompt = self.render_chat(messages, tools)
         params = self._sampling(body)
-        gen = self.generate([prompt], params)[0]
-        message: dict[str, Any] = {"role": "assistant", "content": gen.text}
-        finish = gen.finish
-        if tools:
-            parsed = parse_tool_calls(gen.text)
-            if parsed.calls:
-                message["content"] = parsed.content or None
-                message["tool_calls"] = [
-                    {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                     "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-                    for c in parsed.calls]
-                finish = "tool_calls"
+        n = _int(body, "n", 1, lo=1)
+        gens = self.generate([prompt] * n, params)  # n rows of one batch, each seeded by its index
+        choices = []
+        for index, gen in enumerate(gens):
+            message: dict[str, Any] = {"role": "assistant", "content": gen.text}
+            finish = gen.finish
+            if tools:
+                parsed = parse_tool_calls(gen.text)
+                if parsed.calls:
+                    message["content"] = parsed.content or None
+                    message["tool_calls"] = [
+                        {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                         "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                        for c in parsed.calls]
+                    finish = "tool_calls"
+            choices.append({"index": index, "message": message, "finish_reason": finish, "logprobs": None})
+        completion = sum(len(g.token_ids) for g in gens)
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
-                          "total_tokens": len(prompt) + len(gen.token_ids)}}
+                "model": self.model_name, "choices": choices,
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion,
+                          "total_tokens": len(prompt) + completion}}
+
+    def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/load_weights {"path": FILE}``: load a safetensors file of (some of) the served
+        model's weights, under its Hugging Face names, between two generations (what a trainer
+        pushes after each update; see ``envace.policy.weight_sync``). Off unless the server was
+        started with ``allow_weight_updates``."""
+        if not self.allow_weight_updates:
+            raise RequestError("weight updates are off: start the server with --allow-weight-updates")
+        path = body.get("path")
+        if not isinstance(path, str) or not path:
+            raise RequestError("path must name a safetensors file")
+        from safetensors.torch import load_file
+
+        try:
+            weights = load_file(path)
+        except (OSError, ValueError) as err:  # missing file, not safetensors
+            raise RequestError(f"{path}: cannot load weights: {err}") from None
+        model = self.backend.model
+        own = model.state_dict()
+        unknown = sorted(k for k in weights if k not in own)
+        if unknown:
+            raise RequestError(f"{path}: {len(unknown)} weights the served model does not have, e.g. {unknown[:3]}")
+        bad = [k for k, v in weights.items() if tuple(v.shape) != tuple(own[k].shape)]
+        if bad:
+            raise RequestError(f"{path}: shape mismatch for {bad[:3]}")
+        import torch
+
+        with self._generate_lock, torch.no_grad():
+            for k, v in weights.items():
+                own[k].copy_(v.to(own[k].dtype))
+            self.weight_version += 1
+        return {"loaded": len(weights), "version": self.weight_version}
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """Token ids of the chat prompt (generation prompt appended)."""
@@ -311,7 +350,8 @@ def _int(body: dict[str, Any], key: str, default: int, lo: int) -> int:
 
 
 def _make_handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
-    routes_post = {"/v1/completions": server.completions, "/v1/chat/completions": server.chat_completions}
+    routes_post = {"/v1/completions": server.completions, "/v1/chat/completions": server.chat_completions,
+                   "/v1/load_weights": server.load_weights}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -400,10 +440,11 @@ BODY_TIMEOUT_S = 10.0
 
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, device: str = "cpu",
-          max_batch: int = 8, api_key: str | None = None) -> OpenAIServer:
+          max_batch: int = 8, api_key: str | None = None, allow_weight_updates: bool = False) -> OpenAIServer:
     """Load ``spec`` (any :func:`envace.policy.loading.load_model` spec) into a TransformersBackend
     and return an (unstarted) server for it."""
     from envace.policy.transformers_backend import TransformersBackend
 
     backend = TransformersBackend.from_spec(spec, device=device, max_batch=max_batch)
-    return OpenAIServer(backend, model_name=name or spec, host=host, port=port, api_key=api_key)
+    return OpenAIServer(backend, model_name=name or spec, host=host, port=port, api_key=api_key,
+                        allow_weight_updates=allow_weight_updates)

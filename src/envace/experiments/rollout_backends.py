@@ -1,0 +1,84 @@
+"""Who generates a training run's rollouts (``rollout.backend``), and keeping it in step with
+the trainer: the caller and simulator roles' generation backends, the weight pushers of the
+served ones, and whether the rollouts' log-probs are recomputed by the trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from envace.experiments.config import TrainConfig
+from envace.policy.transformers_backend import TransformersBackend
+from envace.policy.weight_sync import WeightPusher
+
+
+@dataclass
+class RolloutBackends:
+    caller: Any
+    simulator: Any
+    pushers: list[WeightPusher] = field(default_factory=list)
+    recompute: bool = False
+
+    def sync(self) -> None:
+        """Push every served trained model's weights (before the first rollout, after each update)."""
+        for p in self.pushers:
+            p.push()
+
+
+def _http(url: str, tok: Any, batches: bool) -> Any:
+    from envace.policy.http_backend import HTTPBackend
+
+    # One request per turn keeps the server's batching (and so its samples) the in-process one's.
+    return HTTPBackend(url, tok, batch_prompts=batches, max_concurrency=1 if batches else 8, timeout=600.0)
+
+
+def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: Any, device: Any,
+                     run_path: Path) -> RolloutBackends:
+    """``sim_model``: the simulator role's model (the frozen start model under source simulator)."""
+    r = cfg.rollout
+    caller_model = models.for_role("caller")
+    same = sim_model is caller_model  # share / frozen_caller: one model plays both roles
+    sim_trained = any(m is sim_model for m in models.trained.values())
+    sync_dir = run_path / "sync"
+    recompute = r.recompute_logprobs if r.recompute_logprobs is not None else r.backend != "transformers"
+
+    def local(model: nn.Module) -> TransformersBackend:
+        return TransformersBackend(model, tok, device=device, max_batch=r.max_batch)
+
+    def frozen_sim() -> Any:  # an external simulator endpoint, as in the reference, or in process
+        return _http(r.simulator_url, tok, r.server_batches) if r.simulator_url else local(sim_model)
+
+    if r.backend == "transformers":
+        caller = local(caller_model)
+        sim = frozen_sim() if not sim_trained and not same else local(sim_model)
+        return RolloutBackends(caller, sim, recompute=recompute)
+    if r.backend == "http":
+        if not r.server_url:
+            raise ValueError("rollout.backend http needs rollout.server_url (e.g. start `envace serve --model "
+                             f"{cfg.model} --allow-weight-updates --port 8000` and set http://127.0.0.1:8000/v1)")
+        caller = _http(r.server_url, tok, r.server_batches)
+        pushers = [WeightPusher(caller, caller_model, sync_dir / "caller.safetensors")]
+        if same:
+            return RolloutBackends(caller, caller, pushers, recompute)
+        if not sim_trained:
+            return RolloutBackends(caller, frozen_sim(), pushers, recompute)
+        if not r.simulator_url:
+            raise ValueError(f"rollout.backend http, mode {cfg.mode}: the trained simulator model needs a server "
+                             "of its own (rollout.simulator_url)")
+        sim = _http(r.simulator_url, tok, r.server_batches)
+        return RolloutBackends(caller, sim, [*pushers, WeightPusher(sim, sim_model, sync_dir / "simulator.safetensors")],
+                               recompute)
+    from envace.policy.vllm_backend import VLLMBackend  # the vllm extra; a clear error without it
+
+    caller = VLLMBackend.from_spec(cfg.model)
+    pushers = [WeightPusher(caller, caller_model, sync_dir / "caller.safetensors")]
+    if same:
+        return RolloutBackends(caller, caller, pushers, recompute)
+    if not sim_trained:
+        return RolloutBackends(caller, frozen_sim(), pushers, recompute)
+    sim = VLLMBackend.from_spec(cfg.sim_model or cfg.model)
+    return RolloutBackends(caller, sim, [*pushers, WeightPusher(sim, sim_model, sync_dir / "simulator.safetensors")],
+                           recompute)
