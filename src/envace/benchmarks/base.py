@@ -73,9 +73,6 @@ class BenchEpisode:
     def all_calls(self) -> list[ToolCall]:
         return [c for turn in self.turns for step in turn for c in step]
 
-    def assistant_texts(self) -> list[str]:
-        return [m.content for m in self.messages if m.role == "assistant" and not m.tool_calls]
-
 
 @dataclass
 class BenchScore:

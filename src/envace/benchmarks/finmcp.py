@@ -56,7 +56,6 @@ from envace.benchmarks.data import bench_dir
 from envace.core.types import Example, FunctionSpec, Message, Task, ToolCall, ToolSpec
 
 TYPES = ["single_tool", "multi_tool", "multi_turn"]
-PAPER_COUNTS = {"single_tool": 145, "multi_tool": 249, "multi_turn": 219}
 # the authors' ``task`` values (and their underscore forms in the eval output) -> our category names
 _TASK_TYPES = {"single step": "single_tool", "single_step": "single_tool", "single_tool": "single_tool",
                "multi step": "multi_tool", "multi_step": "multi_tool", "multi_tool": "multi_tool",

@@ -160,7 +160,7 @@ class World:
     @classmethod
     def _image(cls, seed: int) -> bytes | None:
         """The populated DB of ``seed``, built once and kept compressed (a few KB): loading it
-        is ~20x faster than populating, and generation, replay and evaluation all build the
+        is much faster than populating, and generation, replay and evaluation all build the
         same seeds' worlds again and again."""
         if not _CAN_SERIALIZE:
             return None

@@ -110,8 +110,9 @@ def sft_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
 
 def rl_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
     """The tasks GRPO draws from: by default the train tasks the warm start did not imitate.
-    Measured: a small model re-solves its SFT tasks from memory (train success 0.1-0.4 against
-    0.02-0.04 on test), so RL on them rewards recall, not the skill the test split asks for."""
+    A small model re-solves its SFT tasks from memory (far above its test success; figures in
+    docs/notes/2026-12-results-history.md), so RL on them rewards recall, not the skill the test
+    split asks for."""
     if not (sft_possible(cfg, pool) and cfg.rl_fresh_tasks):
         return pool
     seen = {t.id for t in sft_tasks(cfg, pool)}

@@ -1,4 +1,4 @@
-"""Role-wise GRPO advantages (DESIGN.md §1).
+"""Role-wise GRPO advantages (docs/design.md §1).
 
 Every generated turn is a sample. Its reward is its trajectory's reward (the same for both
 roles), minus a small penalty when it generated nothing. Advantages are centred per

@@ -70,7 +70,7 @@ def merge_trajectory_turns(batch: Sequence[ScoredSample], roles: Sequence[Role] 
     """Merge each trajectory's consecutive turns of ``roles`` that share an advantage (``merge_turns``).
 
     Only for token-mean losses: the loss is the same sum over the same tokens, so only the cost
-    changes (measured on caller turns of 3-turn episodes: about half the tokens). Simulator
+    changes (fewer tokens; docs/results.md, Performance). Simulator
     prompts are fresh per call and never extend each other, so they are left alone.
     """
     runs: dict[tuple, list[ScoredSample]] = {}

@@ -3,10 +3,10 @@
 Tool use is mostly copying: an id from a tool result into the next call, a value into the
 answer, a name from the request into a search. A model trained from scratch has to discover the
 circuit that does this (an induction head) from the SFT data, and within a CPU budget it does
-not: measured on ``llama:128x2``, four SFT epochs over 225 oracle trajectories (15 min on one
-core) left it writing hallucinated ids. On ``[x1..xn x1..xn]`` sequences, where every token of
-the second half can be copied and nothing else helps, the same model reaches 100% copy accuracy
-in about 80 steps (~15 s); SFT then only has to learn *what* to copy.
+not: it keeps writing hallucinated ids. On ``[x1..xn x1..xn]`` sequences, where every token of
+the second half can be copied and nothing else helps, the same model learns to copy in a few
+hundred cheap steps; SFT then only has to learn *what* to copy (figures:
+docs/notes/2026-12-results-history.md).
 
 Spans are drawn from the token ids the task data uses, so the embeddings SFT needs are the
 ones trained; the softmax is over the whole vocabulary (over the data ids only, training

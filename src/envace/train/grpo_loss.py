@@ -69,8 +69,8 @@ def token_logprobs(
 
     For HF models the vocabulary head runs only at the generated positions: the head is the
     largest matmul by far (49k columns for SmolLM2) and prompts of different lengths make the
-    score window mostly prompt, so this is what keeps a micro-batch fast and small (measured:
-    several times faster on mixed caller/simulator batches).
+    score window mostly prompt, so this is what keeps a micro-batch fast and small (figures:
+    docs/results.md, Performance).
     """
     device = model_device(model)
     mask = packed.token_mask.to(device)

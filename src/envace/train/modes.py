@@ -64,9 +64,6 @@ class ModeSpec:
         """Models that get an optimiser (others are frozen: never stepped)."""
         return tuple(sorted({self.role_models[r] for r in self.trained_roles}))
 
-    def trains(self, role: Role) -> bool:
-        return role in self.trained_roles
-
     def roles_trained_by(self, model_key: str) -> frozenset[Role]:
         return frozenset(r for r in self.trained_roles if self.role_models[r] == model_key)
 
