@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envace.policy.sampling import SamplingParams
-from envace.policy.transformers_backend import TransformersBackend, plan_shared_prefixes
+from envace.policy.prefixes import plan_shared_prefixes
+from envace.policy.transformers_backend import TransformersBackend
 
 
 def _check_plan(prompts: list[list[int]]) -> None:

@@ -16,7 +16,7 @@ from torch import nn
 
 from envace.core.types import Role, TurnSample
 from envace.train.advantages import ScoredSample
-from envace.policy.transformers_backend import plan_shared_prefixes, prefix_inputs
+from envace.policy.prefixes import plan_shared_prefixes, prefix_inputs
 from envace.train.batching import PackedBatch, pack_samples, split_micro_batches
 
 LossAgg = Literal["token_mean", "seq_mean"]
