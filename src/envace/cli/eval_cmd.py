@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from envace.experiments.eval_job import DEFAULT_BUDGETS, EvalJob, parse_int_list, run_eval_job
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", type=int, default=None,
                    help="imagined episodes per task before the committed run (default 4 with --rehearse)")
     p.add_argument("--sweep", action="store_true", help="every budget of --budgets for every mode of --modes")
-    p.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)),
-                   help="sweep budgets, 0 = no rehearsal (default 0,1,2,4,8)")
+    p.add_argument("--budgets", default=None, help="sweep budgets, 0 = no rehearsal (default 0,1,2,4,8)")
     p.add_argument("--modes", default="parallel,sequential", help="sweep modes (default parallel,sequential)")
     p.add_argument("--memory", default="model",
                    help="model (the policy summarises its rehearsals; rule-based fallback on garbage) | rule")
@@ -74,12 +72,15 @@ def _run_bench(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.bench:
         return _run_bench(args)
+    # Imported here: `envace --help` must not load torch and transformers.
+    from envace.experiments.eval_job import DEFAULT_BUDGETS, EvalJob, parse_int_list, run_eval_job
+
     job = EvalJob(
         model=args.model, world=(args.world or "shop") if not args.task_file else "shop",
         real_world=args.world if args.task_file else None, task_file=args.task_file,
         judge_model=args.judge_model, split=args.split, tasks=args.tasks,
         rehearse=args.rehearse, budget=args.budget, sweep=args.sweep,
-        budgets=parse_int_list(args.budgets, "--budgets"),
+        budgets=parse_int_list(args.budgets, "--budgets") if args.budgets else list(DEFAULT_BUDGETS),
         modes=[m.strip() for m in args.modes.split(",") if m.strip()], memory=args.memory,
         fidelity=args.fidelity, fidelity_source=args.fidelity_source, fidelity_tasks=args.fidelity_tasks,
         error_probes=not args.no_error_probes, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from envace.experiments.rollout_job import RolloutJob, run_rollout_job
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from envace.experiments.rollout_job import RolloutJob, run_rollout_job  # heavy: only when run
+
     job = RolloutJob(world=args.world, task_file=args.task_file, split=args.split, tasks=args.tasks,
                      source=args.source, model=args.model, sim_model=args.sim_model, group_size=args.group_size,
                      max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
