@@ -127,3 +127,38 @@ def test_viewer_escapes_model_text():
             "real": evil, "rehearsed": evil, "match": {}}
     page = render_viewer(evil, [row], [], [pair])
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_a_checkpoint_is_evaluated_on_its_training_distribution(capsys, tmp_path):
+    """A run trained on difficulty-1 calendar tasks with 0 distractors out of 60 per world: its
+    checkpoint's eval draws the same tasks (same tools shown, same turn limits) unless told otherwise."""
+    import yaml
+
+    from envace.experiments.tasks import select_tasks
+
+    cfg = {"model": "tiny", "worlds": ["calendar"], "difficulties": [1], "tool_distractors": 0,
+           "tasks_per_world": 60, "steps": 1, "tasks_per_step": 1, "group_size": 2, "threads": 1,
+           "rollout": {"max_turns": 2, "caller_max_new_tokens": 6, "simulator_max_new_tokens": 6},
+           "sft": {"enabled": False}, "eval": {"every": 0, "tasks": 1}, "out": str(tmp_path / "runs")}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["train", "--config", str(tmp_path / "cfg.yaml")]) == 0
+    run = next((tmp_path / "runs").iterdir())
+    ckpt = run / "checkpoints" / "step-00000001"
+    code, out, err = run_cli(capsys, "eval", "--model", str(ckpt), "--tasks", "2", "--summary-max-new-tokens", "6",
+                             "--out", str(tmp_path / "ev"), "--name", "same")
+    assert code == 0, err
+    assert "training run's settings" in out and "tool_distractors=0" in out and "world=calendar" in out
+    want = select_tasks("calendar", "test", 2, difficulties=[1], tool_distractors=0, tasks_per_world=60)
+    rows = [json.loads(line) for line in (tmp_path / "ev" / "same" / "committed.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in rows) == sorted(t.id for t in want)
+    resolved = yaml.safe_load((tmp_path / "ev" / "same" / "config.yaml").read_text())
+    assert resolved["max_turns"] == 2 and resolved["max_new_tokens"] == 6 and resolved["difficulties"] == [1]
+    # Flags win over the run's settings.
+    code, out, err = run_cli(capsys, "eval", "--model", str(ckpt), "--tasks", "1", "--world", "shop",
+                             "--tool-distractors", "2", "--max-turns", "1", "--summary-max-new-tokens", "6",
+                             "--out", str(tmp_path / "ev"), "--name", "other")
+    assert code == 0, err
+    resolved = yaml.safe_load((tmp_path / "ev" / "other" / "config.yaml").read_text())
+    assert resolved["world"] == "shop" and resolved["tool_distractors"] == 2 and resolved["max_turns"] == 1
+    rows = [json.loads(line) for line in (tmp_path / "ev" / "other" / "committed.jsonl").read_text().splitlines()]
+    assert all(r["task_id"].startswith("shop") for r in rows)

@@ -6,6 +6,13 @@ import argparse
 
 
 
+def parse_ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} must be a comma list of integers, got {text!r}") from None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval", help="evaluate in the real world, with test-time private rehearsal and/or world-model fidelity",
@@ -36,9 +43,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fidelity-tasks", type=int, default=None, help="tasks per world for --fidelity (default --tasks)")
     p.add_argument("--no-error-probes", action="store_true",
                    help="fidelity without the probes (real calls with an id that does not exist)")
-    p.add_argument("--max-turns", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=96, help="per caller turn")
-    p.add_argument("--sim-max-new-tokens", type=int, default=96, help="per rehearsed tool response in rehearsal")
+    p.add_argument("--difficulties", type=lambda s: parse_ints(s, "--difficulties"), default=None,
+                   help="comma list of task difficulties (default: the training run's, else all)")
+    p.add_argument("--tool-distractors", type=int, default=None,
+                   help="needed tools + N others in each task (default: the training run's, else every tool)")
+    p.add_argument("--tasks-per-world", type=int, default=None,
+                   help="generated tasks per embedded world (default: the training run's, else 300)")
+    p.add_argument("--max-turns", type=int, default=None, help="(default: the training run's, else 4)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="per caller turn (default: the run's, else 96)")
+    p.add_argument("--sim-max-new-tokens", type=int, default=None,
+                   help="per rehearsed tool response in rehearsal (default: the run's, else 96)")
     p.add_argument("--fidelity-max-new-tokens", type=int, default=256, help="per rehearsed response in --fidelity")
     p.add_argument("--summary-max-new-tokens", type=int, default=96, help="per model-written rehearsal memory")
     p.add_argument("--rehearsal-temperature", type=float, default=0.7)
@@ -65,6 +79,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     if wrong:
         raise ValueError(f"{', '.join(wrong)} cannot be combined with --bench (benchmark evaluation runs one "
                          "committed episode per entry; use --source rehearsal for rehearsed tool responses)")
+    if args.max_new_tokens is None:  # the plain eval's default caller cap (there is no training run here)
+        args.max_new_tokens = 96
     run_bench_job(job_from_args(args))
     return 0
 
@@ -76,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     from envace.experiments.eval_job import DEFAULT_BUDGETS, EvalJob, parse_int_list, run_eval_job
 
     job = EvalJob(
-        model=args.model, world=(args.world or "shop") if not args.task_file else "shop",
+        model=args.model, world=args.world if not args.task_file else None,
         real_world=args.world if args.task_file else None, task_file=args.task_file,
         judge_model=args.judge_model, split=args.split, tasks=args.tasks,
         rehearse=args.rehearse, budget=args.budget, sweep=args.sweep,
@@ -84,7 +100,8 @@ def _run(args: argparse.Namespace) -> int:
         modes=[m.strip() for m in args.modes.split(",") if m.strip()], memory=args.memory,
         fidelity=args.fidelity, fidelity_source=args.fidelity_source, fidelity_tasks=args.fidelity_tasks,
         error_probes=not args.no_error_probes, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-        sim_max_new_tokens=args.sim_max_new_tokens, fidelity_max_new_tokens=args.fidelity_max_new_tokens,
+        sim_max_new_tokens=args.sim_max_new_tokens, difficulties=args.difficulties,
+        tool_distractors=args.tool_distractors, tasks_per_world=args.tasks_per_world, fidelity_max_new_tokens=args.fidelity_max_new_tokens,
         summary_max_new_tokens=args.summary_max_new_tokens, device=args.device,
         rehearsal_temperature=args.rehearsal_temperature, temperature=args.temperature, max_batch=args.max_batch,
         threads=args.threads, seed=args.seed, out=args.out, name=args.name)

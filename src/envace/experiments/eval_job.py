@@ -17,6 +17,7 @@ per condition and per fidelity group), then ``summary.md``, ``sweep.png``, ``fid
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -53,7 +54,9 @@ FIDELITY_SOURCES = ("oracle", "policy", "both")
 @dataclass
 class EvalJob:
     model: str = "smollm2"
-    world: str = "shop"  # embedded world(s): a name, a comma list or "all"
+    # Fields left None take the training run's value when ``model`` is a run's checkpoint (a model
+    # is evaluated on its training distribution by default), else the defaults in RUN_DEFAULTS.
+    world: str | None = None  # embedded world(s): a name, a comma list or "all"
     real_world: Any = None  # with task_file: the real environment of tasks that name none (--world)
     judge_model: str | None = None  # judge of `judge` checklist items (None: they are not judged)
     task_file: str | None = None
@@ -69,9 +72,14 @@ class EvalJob:
     fidelity_source: str = "oracle"  # oracle | policy | both
     fidelity_tasks: int | None = None  # per world; default: tasks
     error_probes: bool = True
-    max_turns: int = 4
-    max_new_tokens: int = 96  # caller turns
-    sim_max_new_tokens: int = 96  # rehearsed tool responses during rehearsal
+    difficulties: list[int] | None = None  # embedded task generator settings (as in training configs)
+    tool_distractors: int | None = None
+    tasks_per_world: int | None = None
+    n_examples: int | None = None
+    grounding: str | None = None
+    max_turns: int | None = None
+    max_new_tokens: int | None = None  # caller turns
+    sim_max_new_tokens: int | None = None  # rehearsed tool responses during rehearsal
     fidelity_max_new_tokens: int = 256  # rehearsed tool responses for fidelity (real ones run long)
     summary_max_new_tokens: int = 96
     memory_max_chars: int = 600
@@ -88,6 +96,50 @@ class EvalJob:
     def runs_testtime(self) -> bool:
         """Fidelity alone skips the committed runs; otherwise at least the budget-0 run happens."""
         return self.sweep or self.rehearse != "none" or self.budget not in (None, 0) or not self.fidelity
+
+
+# job field -> (where it sits in a training run's config.yaml, the default without a run).
+# tool_distractors and difficulties default to None (every tool, every difficulty).
+RUN_DEFAULTS: dict[str, tuple[tuple[str, ...], Any]] = {
+    "world": (("worlds",), "shop"),
+    "difficulties": (("difficulties",), None),
+    "tool_distractors": (("tool_distractors",), None),
+    "tasks_per_world": (("tasks_per_world",), 300),
+    "n_examples": (("n_examples",), 3),
+    "grounding": (("grounding",), "covering"),
+    "max_turns": (("rollout", "max_turns"), 4),
+    "max_new_tokens": (("rollout", "caller_max_new_tokens"), 96),
+    "sim_max_new_tokens": (("rollout", "simulator_max_new_tokens"), 96),
+}
+
+
+def with_run_settings(job: EvalJob, run_config: dict[str, Any] | None) -> tuple[EvalJob, list[str]]:
+    """``job`` with every field it leaves None filled from the training run's config (a checkpoint
+    is evaluated on the task distribution and turn limits it was trained on), else the default;
+    and a note of what came from the run. A task file or --world given on the command line wins."""
+    values: dict[str, Any] = {}
+    taken: list[str] = []
+    cfg = run_config or {}
+    from_run = bool(cfg) and not job.task_file and (cfg.get("task_file") is None or job.world is not None)
+    if cfg and not job.task_file and job.world is None and cfg.get("task_file"):
+        values["task_file"] = cfg["task_file"]  # the run trained on a task file: evaluate on it
+        values["real_world"] = job.real_world if job.real_world is not None else cfg.get("world")
+        taken.append(f"task_file={cfg['task_file']}")
+    for name, (path, default) in RUN_DEFAULTS.items():
+        if getattr(job, name) is not None:
+            continue
+        value: Any = cfg
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None and (from_run or name in ("max_turns", "max_new_tokens", "sim_max_new_tokens")):
+            if name == "world":
+                value = ",".join(value) if isinstance(value, list) else str(value)
+            values[name] = value
+            taken.append(f"{name}={value}")
+        else:
+            values[name] = default
+    notes = [f"evaluating on the training run's settings ({', '.join(taken)}); flags override them"] if taken else []
+    return dataclasses.replace(job, **values), notes
 
 
 def parse_int_list(text: str, what: str) -> list[int]:
@@ -157,12 +209,15 @@ def world_list(job: EvalJob) -> list[str]:
 def eval_tasks(job: EvalJob, per_world: int) -> list[Task]:
     """``per_world`` tasks of each world's split (or of the task file), all with a real world."""
     if job.task_file:
-        tasks = select_tasks(None, job.split, per_world, job.task_file, real_world=job.real_world)
+        tasks = select_tasks(None, job.split, per_world, job.task_file, difficulties=job.difficulties,
+                             real_world=job.real_world)
     else:
         tasks = []
         for w in world_list(job):
             try:
-                tasks += select_tasks(w, job.split, per_world)
+                tasks += select_tasks(w, job.split, per_world, difficulties=job.difficulties,
+                                      tool_distractors=job.tool_distractors, n_examples=job.n_examples,
+                                      grounding=job.grounding, tasks_per_world=job.tasks_per_world)
             except ValueError:
                 raise ValueError(f"world {w!r} has no {job.split} split tasks") from None
     missing = [t.id for t in tasks if (t.env is None or t.env.world is None) and job.real_world is None]
@@ -283,8 +338,10 @@ def job_config(job: EvalJob, models: EvalModels, budget: int) -> dict[str, Any]:
 
 
 def run_eval_job(job: EvalJob, log=print) -> RunDir:
-    budget = validate_job(job)
     models = resolve_eval_models(job.model)
+    job, notes = with_run_settings(job, models.run_config)
+    models.notes[:0] = notes
+    budget = validate_job(job)
     tasks = eval_tasks(job, job.tasks) if job.runs_testtime else []
     fid_tasks = eval_tasks(job, job.fidelity_tasks or job.tasks) if job.fidelity else []
     for note in models.notes:

@@ -29,6 +29,7 @@ class EvalModels:
     simulator: str  # the model that rehearses (== caller for shared-parameter checkpoints)
     notes: list[str] = field(default_factory=list)
     style: PromptStyle | None = None  # the training run's prompt style, when found
+    run_config: dict[str, Any] | None = None  # the training run's config.yaml, when found
 
     @property
     def shared(self) -> bool:
@@ -39,21 +40,30 @@ def _loadable(path: Path) -> bool:
     return path.is_dir() and any((path / f).is_file() for f in _MODEL_FILES)
 
 
-def _train_style(ckpt: Path) -> PromptStyle | None:
-    """The prompt section of ``<run>/config.yaml`` for ``<run>/checkpoints/step-N``."""
-    for cfg_path in (ckpt.parent.parent / "config.yaml", ckpt.parent / "config.yaml"):
+def run_config(ckpt: Path) -> dict[str, Any] | None:
+    """``<run>/config.yaml`` of a training run's ``<run>/checkpoints/step-N`` (or ``<run>/sft``,
+    or a model sub-directory of either), when it is a training config."""
+    for cfg_path in (ckpt.parent.parent / "config.yaml", ckpt.parent / "config.yaml",
+                     ckpt.parent.parent.parent / "config.yaml"):
         if cfg_path.is_file():
             try:
-                cfg = yaml.safe_load(cfg_path.read_text()) or {}
+                cfg = yaml.safe_load(cfg_path.read_text())
             except yaml.YAMLError:
                 return None
-            prompt = cfg.get("prompt") if isinstance(cfg, dict) else None
-            if isinstance(prompt, dict):
-                known = {k: v for k, v in prompt.items() if k in PromptStyle.__dataclass_fields__}
-                try:
-                    return PromptStyle(**known)
-                except TypeError:
-                    return None
+            # only a training run's config counts (an eval run's has the eval job's fields)
+            return cfg if isinstance(cfg, dict) and "rehearse" not in cfg else None
+    return None
+
+
+def _train_style(cfg: dict[str, Any] | None) -> PromptStyle | None:
+    """The prompt section of a training run's config."""
+    prompt = cfg.get("prompt") if cfg else None
+    if isinstance(prompt, dict):
+        known = {k: v for k, v in prompt.items() if k in PromptStyle.__dataclass_fields__}
+        try:
+            return PromptStyle(**known)
+        except TypeError:
+            return None
     return None
 
 
@@ -74,9 +84,10 @@ def resolve_eval_models(spec: str) -> EvalModels:
         return EvalModels(caller=spec, simulator=spec)  # a named spec; load_model checks it
     if path.is_file():
         return EvalModels(caller=spec, simulator=spec)
-    style = _train_style(path)
+    cfg = run_config(path)
+    style = _train_style(cfg)
     if _loadable(path):
-        return EvalModels(caller=str(path), simulator=str(path), style=style,
+        return EvalModels(caller=str(path), simulator=str(path), style=style, run_config=cfg,
                           notes=[f"training prompt style from the run's config.yaml: {style}"] if style else [])
     subdirs = {p.name: p for p in path.iterdir() if _loadable(p)}
     notes = []
@@ -84,13 +95,15 @@ def resolve_eval_models(spec: str) -> EvalModels:
         notes.append(f"training prompt style from the run's config.yaml: {style}")
     if "policy" in subdirs:
         notes.insert(0, f"{path} is a checkpoint with a shared policy: using {subdirs['policy']} for both roles")
-        return EvalModels(caller=str(subdirs["policy"]), simulator=str(subdirs["policy"]), notes=notes, style=style)
+        return EvalModels(caller=str(subdirs["policy"]), simulator=str(subdirs["policy"]), notes=notes, style=style,
+                          run_config=cfg)
     if "caller" in subdirs:
         sim = subdirs.get("simulator", subdirs["caller"])
         why = ("its simulator model" if "simulator" in subdirs
                else "the caller (the checkpoint holds no trained simulator)")
         notes.insert(0, f"{path} is a two-model checkpoint: acting with {subdirs['caller']}, rehearsing with {why}")
-        return EvalModels(caller=str(subdirs["caller"]), simulator=str(sim), notes=notes, style=style)
+        return EvalModels(caller=str(subdirs["caller"]), simulator=str(sim), notes=notes, style=style,
+                          run_config=cfg)
     state = path / "trainer_state.json"
     held = ""
     if state.is_file():
