@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Test-time private rehearsal on a trained checkpoint vs its own warm start (issue #20: the paper's
+# contrast, trained policy vs base), on the run's own task distribution (eval reads it from the
+# run's config.yaml), the same tasks and seeds for both:
+#
+#   bash benchmarks/testtime_trained.sh RUN_DIR [OUT_DIR] [TASKS_PER_WORLD] [BUDGETS]
+#
+# RUN_DIR: a finished `envace train` run (e.g. of configs/demo.yaml); its latest checkpoint is the
+# trained policy, <run>/sft/step-00000000 the warm start. Memory is rule-based (the small demo
+# model cannot summarise). Then `python benchmarks/testtime_compare.py OUT/trained OUT/warm` prints
+# the paired table.
+set -euo pipefail
+RUN=${1:?usage: testtime_trained.sh RUN_DIR [OUT_DIR] [TASKS_PER_WORLD] [BUDGETS]}
+OUT=${2:-runs/testtime-trained}
+TASKS=${3:-20}
+BUDGETS=${4:-0,1,2,4}
+export HF_HUB_OFFLINE=1
+LAST=$(ls -d "$RUN"/checkpoints/step-* | sort | tail -1)
+for pair in "trained:$LAST" "warm:$RUN/sft/step-00000000"; do
+    name=${pair%%:*}; model=${pair#*:}
+    envace eval --model "$model" --tasks "$TASKS" --sweep --budgets "$BUDGETS" --memory rule \
+        --threads 1 --seed 0 --out "$OUT" --name "$name"
+done
+python "$(dirname "$0")/testtime_compare.py" "$OUT/trained" "$OUT/warm"
