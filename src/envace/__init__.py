@@ -1,3 +1,3 @@
 """envace: world-rehearsal agentic RL for tool-using LLM agents."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

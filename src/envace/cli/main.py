@@ -16,7 +16,10 @@ COMMANDS = [rollout_cmd, train_cmd, eval_cmd, report_cmd, serve_cmd, bench_cmd, 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from envace import __version__
+
     parser = argparse.ArgumentParser(prog="envace", description="World-rehearsal agentic RL for tool-using LLMs")
+    parser.add_argument("--version", action="version", version=f"envace {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for mod in COMMANDS:
         mod.register(sub)
