@@ -54,7 +54,7 @@ def test_eval_bench_clear_errors(capsys) -> None:
     assert "live web search" in capsys.readouterr().err
     assert main(["eval", "--bench", "nope", "--model", "tiny"]) == 2
     assert "unknown benchmark" in capsys.readouterr().err
-    assert main(["eval", "--bench", "vitabench", "--rehearse", "parallel", "--model", "tiny"]) == 2
+    assert main(["eval", "--bench", "vitabench", "--sweep", "--model", "tiny"]) == 2
     assert "cannot be combined with --bench" in capsys.readouterr().err
 
 
@@ -71,3 +71,20 @@ def test_eval_bench_runs_vitabench(tmp_path) -> None:
     assert len(scores) == 1 and scores[0]["category"] == "delivery" and scores[0]["valid"] is False
     assert "acc/delivery" in (tmp_path / "v" / "summary.md").read_text()
 
+
+
+def test_eval_bench_with_private_rehearsal_calls_no_real_tool(tmp_path) -> None:
+    """``envace eval --bench bfcl --rehearse parallel --budget 2``: each entry is rehearsed twice
+    (the policy writes every tool response, the scripted user turns play out), then committed once
+    against BFCL's real environment."""
+    assert main(["eval", "--bench", "bfcl", "--category", "multi_turn_base", "--limit", "2", "--model", "tiny",
+                 "--max-new-tokens", "8", "--max-steps", "2", "--rehearse", "parallel", "--budget", "2",
+                 "--out", str(tmp_path), "--name", "r"]) == 0
+    rehearsals = [json.loads(line) for line in (tmp_path / "r" / "rehearsals.jsonl").read_text().splitlines()]
+    assert len(rehearsals) == 4 and {r["attempt"] for r in rehearsals} == {0, 1}
+    for r in rehearsals:
+        tools = [m for m in r["trajectory"]["messages"] if m["role"] == "tool"]
+        assert all(m.get("rehearsed") or "error" in m["content"] for m in tools)  # imagined or a format error
+        assert sum(m["role"] == "user" for m in r["trajectory"]["messages"]) >= 1
+    scores = (tmp_path / "r" / "scores.jsonl").read_text().splitlines()
+    assert len(scores) == 2

@@ -89,7 +89,9 @@ def job_from_args(args: argparse.Namespace):
                     max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                     tool_format=args.tool_format, temperature=args.temperature, max_batch=args.max_batch,
                     threads=getattr(args, "threads", None), device=getattr(args, "device", "cpu"),
-                    seed=args.seed, out=args.out, name=args.name, chunk=args.chunk)
+                    seed=args.seed, out=args.out, name=args.name, chunk=args.chunk,
+                    rehearse=getattr(args, "rehearse", "none"), budget=getattr(args, "budget", None),
+                    rehearsal_temperature=getattr(args, "rehearsal_temperature", 0.7))
 
 
 def _eval(args: argparse.Namespace) -> int:

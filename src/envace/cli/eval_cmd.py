@@ -73,12 +73,13 @@ def _run_bench(args: argparse.Namespace) -> int:
     from envace.cli.bench_cmd import job_from_args
     from envace.experiments.bench_job import run_bench_job
 
-    wrong = [flag for flag, on in (("--rehearse", args.rehearse != "none"), ("--sweep", args.sweep),
+    wrong = [flag for flag, on in (("--sweep", args.sweep),
                                    ("--fidelity", args.fidelity), ("--task-file", args.task_file is not None))
              if on]
     if wrong:
         raise ValueError(f"{', '.join(wrong)} cannot be combined with --bench (benchmark evaluation runs one "
-                         "committed episode per entry; use --source rehearsal for rehearsed tool responses)")
+                         "committed episode per entry, after --rehearse parallel|sequential --budget N if asked; "
+                         "use --source rehearsal for rehearsed tool responses)")
     if args.max_new_tokens is None:  # the plain eval's default caller cap (there is no training run here)
         args.max_new_tokens = 96
     run_bench_job(job_from_args(args))

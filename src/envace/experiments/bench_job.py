@@ -51,12 +51,46 @@ class BenchJob:
     seed: int = 0
     out: str = "runs"
     name: str | None = None
+    # Test-time private rehearsal before each committed episode: the policy rehearses ``budget``
+    # imagined episodes per entry (its own rehearsed tool responses, the benchmark's user turns),
+    # a rule-based memory of them goes into the committed run's prompt.
+    rehearse: str = "none"  # none | parallel | sequential
+    budget: int | None = None  # default 4 with a rehearse mode
+    rehearsal_temperature: float = 0.7
 
 
 def _prompt_style(fmt: str):
     from envace.core.prompts import PromptStyle
 
     return PromptStyle(tool_format=fmt)  # type: ignore[arg-type]
+
+
+def _rehearsed_actor(job: BenchJob, adapter: Any, chunk: list, policy: Any, gen: GenerationSettings, user: Any,
+                     actor: Any, run: RunDir, n: int) -> Any:
+    """Private rehearsal of a chunk's entries (no real tool is called), then ``actor`` with each
+    entry's memory in its prompt; the imagined episodes go to rehearsals.jsonl."""
+    from envace.experiments.bench_runner import bench_play
+    from envace.rollout.actors import PolicyActor
+    from envace.rollout.sources import ModelSource
+    from envace.testtime.memory import RuleMemoryWriter
+    from envace.testtime.rehearsal import MemoryActor, check_mode_budget, memories_after, rehearse
+
+    budget = 4 if job.budget is None else job.budget
+    check_mode_budget(job.rehearse, budget)
+    seed = job.seed + 7919 * n
+    imagining = PolicyActor(backend=policy, style=gen.style, max_new_tokens=gen.caller_max_new_tokens,
+                            max_prompt_tokens=gen.max_prompt_tokens, temperature=job.rehearsal_temperature, seed=seed)
+    simulator = ModelSource(backend=policy, name="rehearsal", record_samples=False, style=gen.style,
+                            max_new_tokens=gen.simulator_max_new_tokens, temperature=job.rehearsal_temperature,
+                            seed=seed + 1)
+    writer = RuleMemoryWriter()
+    tasks = [i.task for i in chunk]
+    rset = rehearse(tasks, imagining, simulator, job.rehearse, budget, writer, max_turns=None,
+                    play=bench_play(adapter, chunk, user, job.max_steps, job.max_user_turns))
+    run.add_trajectories([r.to_row(job.rehearse) for rs in rset.attempts.values() for r in rs],
+                         name="rehearsals.jsonl")
+    memories = {tid: m.text for tid, m in memories_after(rset, tasks, budget, writer).items()}
+    return MemoryActor(actor, memories)
 
 
 def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
@@ -72,6 +106,8 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
         c = cats.get(cat)
         if c is not None and not c.runnable:
             raise ValueError(f"{job.bench} category {cat!r} is not runnable here: {c.reason}")
+    if job.rehearse not in ("none", "parallel", "sequential"):
+        raise ValueError(f"--rehearse must be none, parallel or sequential, not {job.rehearse!r}")
     allowed = getattr(adapter, "sources", ("real", "rehearsal", "simulator"))
     if job.source not in allowed:
         raise ValueError(f"{job.bench} cannot run with --source {job.source}: {getattr(adapter, 'sources_note', '')} "
@@ -115,7 +151,10 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
     t0 = time.perf_counter()
     scores, trajs = [], []
     for n, chunk in enumerate(chunks, 1):
-        scored = run_scored_episodes(adapter, chunk, make_actor(policy, gen, job.seed + n - 1), source, user,
+        actor = make_actor(policy, gen, job.seed + n - 1)
+        if job.rehearse != "none":
+            actor = _rehearsed_actor(job, adapter, chunk, policy, gen, user, actor, run, n)
+        scored = run_scored_episodes(adapter, chunk, actor, source, user,
                                      group_size=job.group_size, max_steps=job.max_steps,
                                      max_user_turns=job.max_user_turns)
         new_trajs, new_scores = [r.trajectory for r in scored], [r.score for r in scored]

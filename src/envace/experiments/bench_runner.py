@@ -180,3 +180,20 @@ def run_scored_episodes(adapter: Any, items: list[BenchItem], actor: Actor, sour
     run_episodes([i.task for i in items], actor, BenchRealSource(adapter, items) if real else source,
                  RolloutConfig(group_size=group_size, max_turns=None), user=users, score=score)
     return runs
+
+
+def bench_play(adapter: Any, items: list[BenchItem], user: User | None = None, max_steps: int | None = None,
+               max_user_turns: int = 30) -> Any:
+    """``run_episodes`` for benchmark items with their user turns and the benchmark's scorer
+    without a world (what private rehearsal plays: ``testtime.rehearsal.rehearse(play=...)``)."""
+    by_id = {i.id: i for i in items}
+
+    def score(ep: Episode, traj: Trajectory) -> tuple[float, list]:
+        return adapter.score(by_id[ep.task.id], bench_episode(ep), None).reward, []
+
+    def play(tasks: list[Task], actor: Actor, source: ResponseSource, cfg: RolloutConfig) -> Any:
+        users = BenchUsers([by_id[t.id] for t in tasks], user or ScriptedUser(), max_steps, max_user_turns)
+        return run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size, max_turns=None),
+                            user=users, score=score)
+
+    return play

@@ -175,12 +175,14 @@ class RehearsalSet:
 
 
 def rehearse(tasks: list[Task], actor: Actor, simulator: ResponseSource, mode: str, budget: int,
-             memory_writer: MemoryWriter | None = None, max_turns: int = 4, log: Log | None = None
-             ) -> RehearsalSet:
+             memory_writer: MemoryWriter | None = None, max_turns: int = 4, log: Log | None = None,
+             play: Callable[..., tuple[list[Trajectory], Any]] = run_episodes) -> RehearsalSet:
     """Imagine ``budget`` episodes per task with ``simulator`` answering every call.
 
     ``actor`` should sample (temperature > 0) so that attempts differ; ``memory_writer`` (rule
-    by default) condenses earlier attempts for the sequential mode.
+    by default) condenses earlier attempts for the sequential mode. ``play`` runs the episodes
+    (``run_episodes`` signature; a benchmark passes its user turns and scorer, see
+    ``experiments.bench_runner.bench_play``).
     """
     check_mode_budget(mode, budget)
     if mode == "none":
@@ -191,7 +193,7 @@ def rehearse(tasks: list[Task], actor: Actor, simulator: ResponseSource, mode: s
     rset = RehearsalSet(mode=mode, budget=budget, attempts={t.id: [] for t in tasks})
     if mode == "parallel":
         counting = CountingSource(simulator)
-        trajs, _ = run_episodes(tasks, actor, counting, RolloutConfig(group_size=budget, max_turns=max_turns))
+        trajs, _ = play(tasks, actor, counting, RolloutConfig(group_size=budget, max_turns=max_turns))
         for traj in trajs:
             rset.attempts[traj.task_id].append(Rehearsal(
                 task_id=traj.task_id, attempt=traj.trajectory_index, trajectory=traj,
@@ -203,8 +205,8 @@ def rehearse(tasks: list[Task], actor: Actor, simulator: ResponseSource, mode: s
             memories = memories_after(rset, tasks, k, writer) if k else {}
             texts = {tid: m.text for tid, m in memories.items()}
             counting = CountingSource(_reseeded(simulator, k))
-            trajs, _ = run_episodes(tasks, MemoryActor(_reseeded(actor, k), texts), counting,
-                                    RolloutConfig(group_size=1, max_turns=max_turns))
+            trajs, _ = play(tasks, MemoryActor(_reseeded(actor, k), texts), counting,
+                            RolloutConfig(group_size=1, max_turns=max_turns))
             for traj in trajs:
                 rset.attempts[traj.task_id].append(Rehearsal(
                     task_id=traj.task_id, attempt=k, trajectory=traj, memory_seen=texts.get(traj.task_id, ""),
