@@ -80,7 +80,9 @@ def select_tasks(world: str | None, split: str = "test", limit: int | None = Non
     ``n_examples`` and ``grounding`` set the embedded generator's simulator examples. File tasks
     without tools take them from their world (``real_world``: the run's ``--world``)."""
     if task_file is not None:
-        tasks = load_jsonl(task_file, Task)
+        from envace.experiments.datasets_io import is_dataset_path, load_task_dataset
+
+        tasks = load_task_dataset(task_file) if is_dataset_path(task_file) else load_jsonl(task_file, Task)
         has_splits = any(t.split is not None for t in tasks)
         if split in ("train", "test"):
             tasks = [t for t in tasks if file_split(t, has_splits) in (None, split)]
