@@ -45,7 +45,7 @@ def test_bad_config_names_file_and_field(tmp_path):
 
 
 def _assert_tensorboard_mirrors(run: RunDir, evals: list[dict]) -> None:
-    """When tensorboard is installed (the test extra has it), the eval rows are also scalars there."""
+    """With report_to tensorboard (the test extra has it), the eval rows are also scalars there."""
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
@@ -62,7 +62,8 @@ def _train_rows(run: RunDir):
 
 
 def test_train_writes_a_complete_run_and_resume_reproduces_the_next_step(tmp_path):
-    full = train(load_config(_cfg(tmp_path), ["steps=3", "out=" + str(tmp_path / "a")]), log=lambda *_: None)
+    full = train(load_config(_cfg(tmp_path, report_to=["tensorboard"]), ["steps=3", "out=" + str(tmp_path / "a")]),
+                 log=lambda *_: None)
     rows = _train_rows(full)
     assert sorted(rows) == [1, 2, 3]
     for name in ("config.yaml", "meta.json", "trajectories.jsonl", "metrics.jsonl", "evals.jsonl",

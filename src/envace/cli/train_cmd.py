@@ -32,6 +32,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "mcp:COMMAND, http(s)://.../mcp, or a registered name. Without one, schema-only tasks "
                         "train by rehearsal and are evaluated by rehearsal")
     p.add_argument("--model", default=None, help="smollm2 | tiny | a local HF model dir (config: model)")
+    p.add_argument("--report-to", default=None, metavar="T1,T2",
+                   help="experiment trackers: tensorboard, wandb (offline unless wandb_mode: online), trackio")
     p.add_argument("--judge-model", default=None, help="local model judging `judge` checklist items")
     p.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint (…/v1) judging `judge` items")
 
@@ -45,6 +47,8 @@ def _values(args: argparse.Namespace) -> dict:
         values["world"] = args.world
     if args.model:
         values["model"] = args.model
+    if getattr(args, "report_to", None):
+        values["report_to"] = [t.strip() for t in args.report_to.split(",") if t.strip()]
     if args.judge_model or args.judge_url:
         values["judge"] = {k: v for k, v in (("model", args.judge_model), ("url", args.judge_url)) if v}
     return values

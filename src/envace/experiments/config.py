@@ -163,6 +163,12 @@ class TrainConfig(_Section):
     judge: JudgeConfig | None = Field(None, description="LLM judge for `judge` checklist items (none: they are "
                                       "not judged and do not count)")
     difficulties: list[int] | None = Field(None, description="task difficulty levels to use (default: all)")
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
+        default_factory=list, description="experiment trackers besides metrics.jsonl (optional extras)")
+    report_samples_every: int = Field(5, ge=0, description="a table of sampled trajectories to the trackers "
+                                      "every N steps (0: none)")
+    wandb_mode: Literal["offline", "online"] = Field("offline", description="online uploads to W&B")
+    tracker_project: str = "envace"
     tool_distractors: int | None = Field(None, ge=0, description="show only needed tools + N others (default: all tools)")
     tasks_per_world: int = Field(300, ge=1, description="generated tasks per embedded world (ids 0..N-1, both splits)")
     n_examples: int = Field(3, ge=0, description="real call/result examples per generated task (simulator grounding)")

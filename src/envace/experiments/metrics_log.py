@@ -1,43 +1,38 @@
-"""Where a run's metric rows go: ``metrics.jsonl`` always, TensorBoard too when it is installed
-(``pip install envace[tensorboard]``); the JSONL file stays the record the reports read."""
+"""Where a run's metric rows go: ``metrics.jsonl`` always (the record the reports read), and the
+trackers of ``report_to`` (``experiments.trackers``: TensorBoard, W&B, trackio)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from envace.core.types import Trajectory
 from envace.experiments.rundir import RunDir
+from envace.experiments.trackers import Tracker, row_scalars, sample_rows, SAMPLE_COLUMNS
 
 TB_DIR = "tensorboard"
 
 
 class MetricsLog:
-    def __init__(self, run: RunDir, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(self, run: RunDir, trackers: list[Tracker] | None = None, samples_every: int = 0):
         self.run = run
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # torch's writer needs the tensorboard package
-                return
-            # purge_step drops events of steps after the checkpoint, as _truncate_logs does for JSONL.
-            purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(str(run.path / TB_DIR), purge_step=purge)
-
-    @property
-    def tensorboard(self) -> bool:
-        return self._tb is not None
+        self.trackers = list(trackers or [])
+        self.samples_every = samples_every
 
     def log(self, row: dict[str, Any]) -> None:
         self.run.log_metrics(row)
-        if self._tb is None:
+        if self.trackers:
+            values, step = row_scalars(row), int(row.get("step", 0))
+            for t in self.trackers:
+                t.scalars(values, step)
+
+    def samples(self, trajs: list[Trajectory], step: int, phase: str = "train") -> None:
+        """A table of sampled trajectories every ``samples_every`` steps (and at step 1)."""
+        if not self.trackers or not self.samples_every or not trajs or (step != 1 and step % self.samples_every):
             return
-        step, phase = int(row.get("step", 0)), str(row.get("phase", "run"))
-        for key, value in row.items():
-            if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            self._tb.add_scalar(key if "/" in key else f"{phase}/{key}", value, step)
-        self._tb.flush()
+        rows = sample_rows(trajs, step)
+        for t in self.trackers:
+            t.table(f"{phase}/samples", SAMPLE_COLUMNS, rows, step)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for t in self.trackers:
+            t.close()

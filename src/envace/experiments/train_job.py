@@ -23,6 +23,7 @@ from envace.core.types import Task, Trajectory
 from envace.experiments.bench_train import BenchTaskSet, bench_episodes, bench_task_set
 from envace.experiments.config import TrainConfig
 from envace.experiments.metrics_log import MetricsLog
+from envace.experiments.trackers import json_config, make_trackers
 from envace.envs.registry import spec_label
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
 from envace.experiments.rollout_backends import rollout_backends
@@ -426,7 +427,12 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     bench = bench_task_set(cfg.bench) if cfg.bench is not None else None
     st = prepare(cfg, resume, log, acc)
     run, models = st.run, st.models
-    metrics_log = MetricsLog(run, resume_step=st.start_step if resume is not None else None) if main else None
+    metrics_log = None
+    if main:
+        trackers = make_trackers(cfg.report_to, run.path, run.path.name, json_config(cfg.model_dump(mode="json")),
+                                 project=cfg.tracker_project, wandb_mode=cfg.wandb_mode,
+                                 resume_step=st.start_step if resume is not None else None)
+        metrics_log = MetricsLog(run, trackers, samples_every=cfg.report_samples_every)
     tok = models.tokenizer
     pool = grpo_pool(cfg, bench)
     held_out = real_eval_tasks(cfg, pool, bench)
@@ -522,6 +528,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         if main:
             run.add_trajectories(_tag(trajs, step, "train"))
             metrics_log.log(row)
+            metrics_log.samples(trajs, step)
             if checkpoint:
                 save_checkpoint(run.path / CKPT_DIR, models.trained, optimizers, step=step,
                                 keep_last=cfg.checkpoint.keep_last, tokenizer=tok)
