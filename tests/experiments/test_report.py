@@ -26,3 +26,16 @@ def test_compare_labels_name_the_source_and_the_seed_only_where_needed(tmp_path)
     assert main(["report", str(a.path), str(b.path), "--compare", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| 10 | 0.500 |" in (a.path / "summary.md").read_text()
+
+
+def test_report_of_a_run_with_no_steps_says_what_is_missing(tmp_path, capsys):
+    run = RunDir.create(tmp_path, "train", {"model": "tiny", "steps": 3, "source": "rehearsal"}, name="fresh")
+    assert main(["report", str(run.path)]) == 0
+    out = capsys.readouterr().out
+    assert "no training step logged yet" in out and f"--resume {run.path}" in out
+    assert "no eval yet" in out and "no checkpoint yet" in out
+    run.log_metrics({"phase": "train", "step": 1, "reward": 0.5})
+    run.log_metrics({"phase": "eval", "step": 1, "eval/success": 0.5, "eval/reward": 0.5})
+    (run.path / "checkpoints").mkdir()
+    assert main(["report", str(run.path)]) == 0
+    assert "no training step" not in capsys.readouterr().out

@@ -16,10 +16,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from envace.experiments.report import plot_learning_curve, run_labels, write_report
+    from envace.experiments.report import missing_parts, plot_learning_curve, run_labels, write_report
 
     runs = [RunDir.open(r) for r in args.runs]
     for run in runs:
+        for note in missing_parts(run):
+            print(f"{run.path.name}: {note}")
         print(f"wrote {write_report(run)}")
     if args.compare:
         print(f"wrote {plot_learning_curve(run_labels(runs), Path(args.compare))}")

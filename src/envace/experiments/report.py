@@ -125,9 +125,11 @@ def write_train_report(run: RunDir) -> Path:
         lines += [
                   "| step | success | tasks solved (any episode) | mean reward | tool calls | parse failures |",
                   "|---|---|---|---|---|---|"]
-        # runs from before eval.samples have no tasks_solved column
-        lines += [f"| {r['step']} | {r['eval/success']:.3f} | {r.get('eval/tasks_solved', float('nan')):.3f} | "
-                  f"{r['eval/reward']:.3f} | {r['eval/tool_calls']:.2f} | {r['eval/parse_failures']:.2f} |" for r in ev]
+        # a row of an older run (before eval.samples) or a partial one lacks columns: nan, not a crash
+        nan = float("nan")
+        lines += [f"| {r['step']} | {r.get('eval/success', nan):.3f} | {r.get('eval/tasks_solved', nan):.3f} | "
+                  f"{r.get('eval/reward', nan):.3f} | {r.get('eval/tool_calls', nan):.2f} | "
+                  f"{r.get('eval/parse_failures', nan):.2f} |" for r in ev]
         lines.append("")
         if len(ev) > 1 and (run.path / "evals.jsonl").is_file():
             by_step = eval_task_success(run)
@@ -161,3 +163,27 @@ def write_report(run: RunDir) -> Path:
     from envace.experiments.summary import summarize, summary_markdown
 
     return run.write_text("summary.md", summary_markdown(summarize(run.trajectories()), f"{kind} run {run.path.name}"))
+
+
+def missing_parts(run: RunDir) -> list[str]:
+    """What a run directory does not hold yet, in words (a report of a run that has just started,
+    or crashed in its warm start, draws empty plots: say why)."""
+    kind = run.meta().get("kind")
+    out = []
+    if kind == "train":
+        rows = run.metrics()
+        if not any(r.get("phase") == "train" for r in rows):
+            sft = (run.path / "sft").is_dir()
+            out.append("no training step logged yet: " + ("the SFT warm start is there, RL has not logged a step"
+                                                          if sft else "the run is still in its warm start, or "
+                                                          "stopped before its first step") +
+                       f" (envace train --resume {run.path} continues it)")
+        if not any(r.get("phase") == "eval" for r in rows):
+            out.append("no eval yet: the learning curve has no success line (eval.every, or the run's end)")
+        if not (run.path / "checkpoints").is_dir():
+            out.append("no checkpoint yet")
+    elif kind == "eval" and not (run.path / "committed.jsonl").is_file() and not (run.path / "fidelity.jsonl").is_file():
+        out.append("no committed or fidelity rows yet: the eval has not finished a condition")
+    elif kind not in ("train", "eval") and not run.trajectories():
+        out.append("no trajectories yet")
+    return out
