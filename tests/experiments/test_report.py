@@ -34,7 +34,8 @@ def test_report_of_a_run_with_no_steps_says_what_is_missing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "no training step logged yet" in out and f"--resume {run.path}" in out
     assert "no eval yet" in out and "no checkpoint yet" in out
-    run.log_metrics({"phase": "train", "step": 1, "reward": 0.5})
+    run.log_metrics({"phase": "train", "step": 1, "reward": 0.5, "success": 0.25, "tool_calls": 2.0,
+                     "sim_format_failures": 0.0, "step_s": 3.0, "rollout_s": 2.0, "update_s": 1.0})
     run.log_metrics({"phase": "eval", "step": 1, "eval/success": 0.5, "eval/reward": 0.5})
     (run.path / "checkpoints").mkdir()
     assert main(["report", str(run.path)]) == 0
