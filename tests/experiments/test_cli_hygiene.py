@@ -89,3 +89,15 @@ def test_caller_only_mode_trains_with_a_frozen_simulator(tmp_path):
     run = train(cfg, log=lambda *_: None)
     (ckpt,) = [p for p in (run.path / "checkpoints").iterdir() if p.name.startswith("step-")]
     assert json.loads((ckpt / "trainer_state.json").read_text())["models"] == ["caller"]
+
+
+def test_the_smoke_config_runs_end_to_end(tmp_path):
+    """configs/smoke.yaml, the setup check the README points to, stays true."""
+    from pathlib import Path
+
+    from envace.cli.main import main as cli
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "smoke.yaml"
+    assert cli(["train", "--config", str(config), "--set", f"out={tmp_path}"]) == 0
+    run = next(tmp_path.iterdir())
+    assert (run / "summary.md").is_file() and (run / "checkpoints").is_dir()
