@@ -243,7 +243,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     t0 = time.perf_counter()
     if cfg.sft.copy_warmup_steps:
         vocab = data_vocabulary((s.prompt_ids + s.gen_ids for s in samples), limit=cfg.sft.copy_warmup_vocab)
-        bar = StepProgress("copy warm-up", total=cfg.sft.copy_warmup_steps)
+        bar = StepProgress(phase_label(cfg, "copy warm-up"), total=cfg.sft.copy_warmup_steps)
         results = [s.gen_ids for s in samples if s.role == "simulator"]  # the real tool results
         if cfg.sft.copy_warmup_data and not results:
             log("warning: sft.copy_warmup_data is ignored: the warm start has no simulator samples (real tool "
@@ -259,7 +259,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
         run.log_metrics({"phase": "sft", "step": 0, "copy/last_loss": cw.last_loss, "copy/accuracy": cw.accuracy,
                          "copy/seconds": time.perf_counter() - t0})
     log(f"SFT warm start: {len(tasks)} oracle trajectories, {len(samples)} samples, {cfg.sft.epochs} epochs")
-    bar = StepProgress("sft", total=None)
+    bar = StepProgress(phase_label(cfg, "sft"), total=None)
     stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
                     batch_samples=cfg.sft.batch_samples, schedule=cfg.sft.schedule,
                     seed=cfg.seed, pad_id=tokenizer.pad_token_id or 0,
@@ -413,6 +413,27 @@ def _tag(trajs: list[Trajectory], step: int, kind: str) -> list[dict]:
     return [{"step": step, "kind": kind, **t.model_dump(mode="json", exclude_none=True)} for t in trajs]
 
 
+def job_plan(cfg: TrainConfig, resume: bool) -> list[tuple[str, str]]:
+    """The phases this job will run, in order, with their size: the whole job, announced up front
+    (each phase's bar then says ``[k/n]``)."""
+    warm = cfg.sft.enabled and cfg.sft.init_from is None and not resume
+    plan = []
+    if warm and cfg.sft.copy_warmup_steps:
+        plan.append(("copy warm-up", f"{cfg.sft.copy_warmup_steps:,} steps"))
+    if warm:
+        plan.append(("sft", f"{cfg.sft.trajectories} oracle trajectories x {cfg.sft.epochs} epochs, if the tasks "
+                            "have references and a real world"))
+    evals = f", real-world eval every {cfg.eval.every}" if cfg.eval.every else ""
+    plan.append(("train", f"{cfg.steps} GRPO steps x {cfg.tasks_per_step} tasks x G={cfg.group_size}{evals}"))
+    plan.append(("final eval", f"{cfg.eval.tasks} tasks x {cfg.eval.samples} episodes"))
+    return plan
+
+
+def phase_label(cfg: TrainConfig, name: str, resume: bool = False) -> str:
+    names = [p for p, _ in job_plan(cfg, resume)]
+    return f"{name} [{names.index(name) + 1}/{len(names)}]" if name in names else name
+
+
 def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunDir:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -421,6 +442,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     main = dist.is_main_process(acc)
     if not main:
         log = _silent  # noqa: F811 - rank 0 speaks for the run
+    plan = job_plan(cfg, resume is not None)
+    log("plan: " + " -> ".join(f"{i}/{len(plan)} {name} ({what})" for i, (name, what) in enumerate(plan, 1)))
     if cfg.bench is not None and cfg.sft.enabled and cfg.sft.init_from is None:
         raise ValueError("sft.enabled: the SFT warm start imitates the embedded worlds' scripted oracle; with "
                          "bench: set sft.enabled: false, or sft.init_from a warm start")
@@ -478,7 +501,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                   and not any(m.get("phase") == "eval" for m in run.metrics()))
     if eval0:
         log(f"step 0 {kind} eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
-    bar = StepProgress("train", total=cfg.steps, start=st.start_step) if main else None
+    bar = StepProgress(phase_label(cfg, "train", resume is not None), total=cfg.steps, start=st.start_step) \
+        if main else None
     for step in range(st.start_step + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         all_tasks = step_tasks(pool, cfg, step)
