@@ -140,3 +140,15 @@ def test_ends_in_loop():
     assert ends_in_loop(varied[:40] + [7, 8, 9] * 20)
     assert not ends_in_loop([7, 8, 9] * 10, span=24)  # 30 tokens: too short to tell
     assert ends_in_loop([1, 2] * 4, span=2) and not ends_in_loop([1, 2, 3, 4, 5], span=2)
+
+
+def test_progress_after_every_turn_counts_finished_episodes():
+    tasks = load_tasks("shop", "test")[:5]
+    seen = []
+    trajs, _ = run_episodes(tasks, OracleActor(), RealSource(), RolloutConfig(group_size=2, max_turns=8),
+                            on_turn=lambda turn, done, total: seen.append((turn, done, total)))
+    assert [t for t, _, _ in seen] == list(range(1, len(seen) + 1))
+    assert all(total == 10 for _, _, total in seen)
+    finished = [d for _, d, _ in seen]
+    assert finished == sorted(finished) and finished[-1] == 10 and finished[0] < 10
+    assert len(seen) == max(len([m for m in t.messages if m.role == "assistant"]) for t in trajs)

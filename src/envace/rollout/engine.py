@@ -227,14 +227,15 @@ def run_episodes(
     judge: Judge | None = None,
     user: UserTurns | None = None,
     score: Scorer | None = None,
-    on_episode: Callable[[Trajectory], None] | None = None,
+    on_turn: Callable[[int, int, int], None] | None = None,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Run ``cfg.group_size`` episodes per task; return finished, scored trajectories in task order.
 
     The one episode loop of envace (training rollouts, evaluation, test-time rehearsal, SFT data,
     benchmarks). ``user`` plays later user turns (default: none, the episode is one request);
     ``score`` scores a finished episode (default: the task's checklist, with the episode's world
-    where the source is real); ``on_episode`` sees each trajectory as it is scored (progress).
+    where the source is real); ``on_turn(turn, finished, total)`` is called after every batched
+    turn (progress on long runs).
     """
     wall0 = time.perf_counter()
     stats = RolloutStats()
@@ -251,6 +252,8 @@ def run_episodes(
         pending = _step_callers(running, actor, turn, stats, multi_turn=user is not None)
         _answer_calls(pending, source, turn, stats)
         turn += 1
+        if on_turn is not None:
+            on_turn(turn, sum(e.stop_reason is not None for e in episodes), len(episodes))
     trajectories = []
     for ep in episodes:
         if ep.stop_reason is None:
@@ -266,8 +269,6 @@ def run_episodes(
             finish = getattr(source, "finish", None)
             if callable(finish):
                 finish(ep.state)  # a real episode's environment closes (an MCP session, its server)
-        if on_episode is not None:
-            on_episode(traj)
         trajectories.append(traj)
     stats.episodes = len(episodes)
     stats.wall_seconds = time.perf_counter() - wall0
