@@ -1,0 +1,101 @@
+"""The bf16 lever on the GRPO update (issue #20, item 1): one update of SmolLM2 + LoRA in fp32
+against the same update under CPU bf16 autocast (this CPU has AVX512-BF16), on the same samples.
+
+Usage: python benchmarks/bf16_update.py [--model smollm2] [--tasks 2] [--group-size 2]
+           [--max-turns 2] [--repeats 2] [--threads 1]
+
+Samples as in train_throughput.py (the oracle's real prompts and tool results, advantages +-1,
+sampler log-probs filled in by the fp32 model). Two copies of the model start from the same
+weights; each repeat times one step of each, alternating who goes first. Printed: tokens per
+second of each (median [min-max]) and the paired ratio, and the numerics: the largest and mean
+absolute difference between the bf16 and fp32 log-probs of the batch's generated tokens at the
+start weights, and how far the two steps moved the LoRA weights apart (relative).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import load1, make_parser, peak_rss_mib, spread, start  # noqa: E402
+from _samples import oracle_samples, sample_stats  # noqa: E402
+from train_throughput import fill_logprobs  # noqa: E402
+
+from envace.core.prompts import PromptStyle  # noqa: E402
+from envace.experiments.tasks import select_tasks  # noqa: E402
+from envace.policy.loading import load_model  # noqa: E402
+from envace.train.batching import pack_samples, sequence_length, split_micro_batches  # noqa: E402
+from envace.train.grpo_loss import token_logprobs  # noqa: E402
+from envace.train.step import GRPOUpdater, UpdaterConfig  # noqa: E402
+
+
+@torch.no_grad()
+def logprob_gap(model, scored, pad_id: int, max_tokens: int) -> tuple[float, float]:
+    diffs = []
+    for mb in split_micro_batches(scored, max_tokens):
+        packed = pack_samples(mb, pad_id=pad_id)
+        ref, _ = token_logprobs(model, packed)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low, _ = token_logprobs(model, packed)
+        diffs.append((low - ref)[packed.token_mask].abs())
+    d = torch.cat(diffs)
+    return float(d.max()), float(d.mean())
+
+
+def main() -> None:
+    p = make_parser(__doc__, model="smollm2", world="shop", tasks=2, group_size=2, max_turns=2)
+    p.add_argument("--micro-batch-tokens", type=int, default=4096)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--repeats", type=int, default=2)
+    args = start(p, "GRPO update: fp32 vs bf16 autocast (SmolLM2 + LoRA r=16)")
+    from peft import LoraConfig, get_peft_model
+
+    base, tok = load_model(args.model)
+    fp32 = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).train()
+    bf16 = copy.deepcopy(fp32)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    tasks = select_tasks(args.world, "test", limit=args.tasks, tool_distractors=1)
+    scored = oracle_samples(tok, tasks, PromptStyle(max_examples=2, max_history_results=3), args.group_size,
+                            args.max_turns)
+    scored = fill_logprobs(fp32, scored, pad_id, args.micro_batch_tokens)
+    tokens = sum(sequence_length(s) for s in scored)
+    print(f"samples     {sample_stats(scored)}")
+    gap_max, gap_mean = logprob_gap(fp32, scored, pad_id, args.micro_batch_tokens)
+    print(f"log-probs   bf16 autocast vs fp32 at the start weights: max |diff| {gap_max:.4f}, mean {gap_mean:.5f}")
+    cfg = UpdaterConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id)
+    ups = {"fp32": GRPOUpdater(fp32, cfg), "bf16": GRPOUpdater(bf16, cfg)}
+
+    def step(name: str, batch) -> None:
+        if name == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                ups[name].step(batch)
+        else:
+            ups[name].step(batch)
+
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for rep in range(args.repeats + 1):  # repeat 0 is the warm-up, not timed
+        for name in (["fp32", "bf16"] if rep % 2 == 0 else ["bf16", "fp32"]):
+            t = time.perf_counter()
+            step(name, scored)
+            dt = time.perf_counter() - t
+            if rep:
+                times[name].append(dt)
+            print(f"repeat {rep}  {name}  {dt:.1f} s = {tokens / dt:.1f} tok/s (load1 {load1():.2f})", flush=True)
+    a = {n: p for n, p in fp32.named_parameters() if p.requires_grad}
+    moved = max(float((p - a[n]).detach().norm() / a[n].detach().norm().clamp_min(1e-12)) for n, p in bf16.named_parameters()
+                if p.requires_grad)
+    print("-- summary (median [min-max])")
+    for name in times:
+        print(f"{name:<5} tok/s  {spread([tokens / t for t in times[name]])}")
+    print(f"bf16 / fp32 throughput  {spread([f / b for f, b in zip(times['fp32'], times['bf16'])])}")
+    print(f"after {args.repeats + 1} steps each: largest relative difference of a LoRA weight {moved:.4f}")
+    print(f"peak RSS {peak_rss_mib():.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
