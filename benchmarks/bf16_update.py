@@ -87,8 +87,8 @@ def main() -> None:
                 times[name].append(dt)
             print(f"repeat {rep}  {name}  {dt:.1f} s = {tokens / dt:.1f} tok/s (load1 {load1():.2f})", flush=True)
     a = {n: p for n, p in fp32.named_parameters() if p.requires_grad}
-    moved = max(float((p - a[n]).detach().norm() / a[n].detach().norm().clamp_min(1e-12)) for n, p in bf16.named_parameters()
-                if p.requires_grad)
+    moved = max(float((p - a[n]).detach().norm() / a[n].detach().norm().clamp_min(1e-12))
+                for n, p in bf16.named_parameters() if p.requires_grad)
     print("-- summary (median [min-max])")
     for name in times:
         print(f"{name:<5} tok/s  {spread([tokens / t for t in times[name]])}")
