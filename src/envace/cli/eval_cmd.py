@@ -6,13 +6,6 @@ import argparse
 
 
 
-def parse_ints(text: str, what: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{what} must be a comma list of integers, got {text!r}") from None
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval", help="evaluate in the real world, with test-time private rehearsal and/or world-model fidelity",
@@ -43,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fidelity-tasks", type=int, default=None, help="tasks per world for --fidelity (default --tasks)")
     p.add_argument("--no-error-probes", action="store_true",
                    help="fidelity without the probes (real calls with an id that does not exist)")
-    p.add_argument("--difficulties", type=lambda s: parse_ints(s, "--difficulties"), default=None,
+    p.add_argument("--difficulties", default=None,
                    help="comma list of task difficulties (default: the training run's, else all)")
     p.add_argument("--tool-distractors", type=int, default=None,
                    help="needed tools + N others in each task (default: the training run's, else every tool)")
@@ -101,7 +94,8 @@ def _run(args: argparse.Namespace) -> int:
         modes=[m.strip() for m in args.modes.split(",") if m.strip()], memory=args.memory,
         fidelity=args.fidelity, fidelity_source=args.fidelity_source, fidelity_tasks=args.fidelity_tasks,
         error_probes=not args.no_error_probes, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-        sim_max_new_tokens=args.sim_max_new_tokens, difficulties=args.difficulties,
+        sim_max_new_tokens=args.sim_max_new_tokens,
+        difficulties=parse_int_list(args.difficulties, "--difficulties") if args.difficulties else None,
         tool_distractors=args.tool_distractors, tasks_per_world=args.tasks_per_world, fidelity_max_new_tokens=args.fidelity_max_new_tokens,
         summary_max_new_tokens=args.summary_max_new_tokens, device=args.device,
         rehearsal_temperature=args.rehearsal_temperature, temperature=args.temperature, max_batch=args.max_batch,

@@ -40,19 +40,24 @@ def _loadable(path: Path) -> bool:
     return path.is_dir() and any((path / f).is_file() for f in _MODEL_FILES)
 
 
+def run_dir_of(ckpt: Path) -> Path | None:
+    """The run directory (the one holding config.yaml) of ``<run>/checkpoints/step-N``, of
+    ``<run>/sft``, or of a model sub-directory of either."""
+    return next((d for d in (ckpt.parent.parent, ckpt.parent, ckpt.parent.parent.parent)
+                 if (d / "config.yaml").is_file()), None)
+
+
 def run_config(ckpt: Path) -> dict[str, Any] | None:
-    """``<run>/config.yaml`` of a training run's ``<run>/checkpoints/step-N`` (or ``<run>/sft``,
-    or a model sub-directory of either), when it is a training config."""
-    for cfg_path in (ckpt.parent.parent / "config.yaml", ckpt.parent / "config.yaml",
-                     ckpt.parent.parent.parent / "config.yaml"):
-        if cfg_path.is_file():
-            try:
-                cfg = yaml.safe_load(cfg_path.read_text())
-            except yaml.YAMLError:
-                return None
-            # only a training run's config counts (an eval run's has the eval job's fields)
-            return cfg if isinstance(cfg, dict) and "rehearse" not in cfg else None
-    return None
+    """The ``config.yaml`` of :func:`run_dir_of`, when it is a training config."""
+    run = run_dir_of(ckpt)
+    if run is None:
+        return None
+    try:
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+    except yaml.YAMLError:
+        return None
+    # only a training run's config counts (an eval run's has the eval job's fields)
+    return cfg if isinstance(cfg, dict) and "rehearse" not in cfg else None
 
 
 def _train_style(cfg: dict[str, Any] | None) -> PromptStyle | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from envace.experiments.eval_models import resolve_eval_models, run_config
+from envace.experiments.eval_models import resolve_eval_models, run_config, run_dir_of
 
 CARD = """---
 library_name: transformers
@@ -102,8 +102,7 @@ def export_model(source: str, to: str, role: str = "caller", merge: bool = True,
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     cfg: dict[str, Any] = run_config(src) or {}
-    run = next((p for p in (src.parent.parent, src.parent, src.parent.parent.parent)
-                if (p / "config.yaml").is_file()), None)
+    run = run_dir_of(src)
     settings = "\n".join(f"| {k} | `{json.dumps(cfg[k])}` |" for k in _CARD_KEYS if cfg.get(k) is not None)
     card = CARD.format(name=target.name, source=src, merged="yes" if merge else "no (an adapter)",
                        settings=settings or "| (no training config found) | |",

@@ -9,8 +9,6 @@ from envace.core.types import Trajectory
 from envace.experiments.rundir import RunDir
 from envace.experiments.trackers import Tracker, row_scalars, sample_rows, SAMPLE_COLUMNS
 
-TB_DIR = "tensorboard"
-
 
 class MetricsLog:
     def __init__(self, run: RunDir, trackers: list[Tracker] | None = None, samples_every: int = 0):

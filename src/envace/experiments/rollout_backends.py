@@ -60,25 +60,25 @@ def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: A
             raise ValueError("rollout.backend http needs rollout.server_url (e.g. start `envace serve --model "
                              f"{cfg.model} --allow-weight-updates --port 8000` and set http://127.0.0.1:8000/v1)")
         caller = _http(r.server_url, tok, r.server_batches)
-        pushers = [WeightPusher(caller, caller_model, sync_dir / "caller.safetensors")]
-        if same:
-            return RolloutBackends(caller, caller, pushers, recompute)
-        if not sim_trained:
-            return RolloutBackends(caller, frozen_sim(), pushers, recompute)
-        if not r.simulator_url:
-            raise ValueError(f"rollout.backend http, mode {cfg.mode}: the trained simulator model needs a server "
-                             "of its own (rollout.simulator_url)")
-        sim = _http(r.simulator_url, tok, r.server_batches)
-        return RolloutBackends(caller, sim, [*pushers, WeightPusher(sim, sim_model, sync_dir / "simulator.safetensors")],
-                               recompute)
-    from envace.policy.vllm_backend import VLLMBackend  # the vllm extra; a clear error without it
 
-    caller = VLLMBackend.from_spec(cfg.model)
+        def trained_sim() -> Any:
+            if not r.simulator_url:
+                raise ValueError(f"rollout.backend http, mode {cfg.mode}: the trained simulator model needs a "
+                                 "server of its own (rollout.simulator_url)")
+            return _http(r.simulator_url, tok, r.server_batches)
+    else:
+        from envace.policy.vllm_backend import VLLMBackend  # the vllm extra; a clear error without it
+
+        caller = VLLMBackend.from_spec(cfg.model)
+
+        def trained_sim() -> Any:
+            return VLLMBackend.from_spec(cfg.sim_model or cfg.model)
+
     pushers = [WeightPusher(caller, caller_model, sync_dir / "caller.safetensors")]
     if same:
         return RolloutBackends(caller, caller, pushers, recompute)
     if not sim_trained:
         return RolloutBackends(caller, frozen_sim(), pushers, recompute)
-    sim = VLLMBackend.from_spec(cfg.sim_model or cfg.model)
+    sim = trained_sim()  # noshare: the trained simulator is served and pushed too
     return RolloutBackends(caller, sim, [*pushers, WeightPusher(sim, sim_model, sync_dir / "simulator.safetensors")],
                            recompute)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from envace.core.types import Trajectory
 
 TRACKERS = ("tensorboard", "wandb", "trackio")
+TB_DIR = "tensorboard"  # <run>/tensorboard
 SAMPLE_COLUMNS = ["step", "task_id", "reward", "caller_turns", "tool_responses", "response_kind"]
 
 
@@ -56,38 +57,34 @@ class TensorBoardTracker:
         self.w.close()
 
 
-class WandbTracker:
-    def __init__(self, path: str, name: str, config: dict[str, Any], project: str, mode: str) -> None:
-        wandb = _need("wandb", "wandb")
-        os.makedirs(path, exist_ok=True)
-        self.wandb = wandb
-        self.run = wandb.init(project=project, name=name, dir=path, mode=mode, config=config, reinit="create_new")
+class RunTracker:
+    """A W&B or trackio run: both take ``log(dict, step=)``, their own ``Table`` and ``finish()``."""
+
+    def __init__(self, module: Any, run: Any) -> None:
+        self.module, self.run = module, run
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
 
     def table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
-        self.run.log({name: self.wandb.Table(columns=columns, data=rows)}, step=step)
+        self.run.log({name: self.module.Table(columns=columns, data=rows)}, step=step)
 
     def close(self) -> None:
         self.run.finish()
 
 
-class TrackioTracker:
-    def __init__(self, path: str, name: str, config: dict[str, Any], project: str) -> None:
-        os.environ.setdefault("TRACKIO_DIR", path)  # read when trackio is imported
-        self.trackio = _need("trackio", "trackio")
-        self.run = self.trackio.init(project=project, name=name, config=config, auto_log_cpu=False,
-                                     auto_log_gpu=False, embed=False)
+def wandb_tracker(path: str, name: str, config: dict[str, Any], project: str, mode: str) -> RunTracker:
+    wandb = _need("wandb", "wandb")
+    os.makedirs(path, exist_ok=True)
+    return RunTracker(wandb, wandb.init(project=project, name=name, dir=path, mode=mode, config=config,
+                                        reinit="create_new"))
 
-    def scalars(self, values: dict[str, float], step: int) -> None:
-        self.run.log(values, step=step)
 
-    def table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
-        self.run.log({name: self.trackio.Table(columns=columns, data=rows)}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
+def trackio_tracker(path: str, name: str, config: dict[str, Any], project: str) -> RunTracker:
+    os.environ.setdefault("TRACKIO_DIR", path)  # read when trackio is imported
+    trackio = _need("trackio", "trackio")
+    return RunTracker(trackio, trackio.init(project=project, name=name, config=config, auto_log_cpu=False,
+                                            auto_log_gpu=False, embed=False))
 
 
 def make_trackers(names: list[str], run_path: Any, run_name: str, config: dict[str, Any], project: str = "envace",
@@ -98,11 +95,11 @@ def make_trackers(names: list[str], run_path: Any, run_name: str, config: dict[s
     out: list[Tracker] = []
     for n in dict.fromkeys(names):
         if n == "tensorboard":
-            out.append(TensorBoardTracker(str(run_path / "tensorboard"), resume_step))
+            out.append(TensorBoardTracker(str(run_path / TB_DIR), resume_step))
         elif n == "wandb":
-            out.append(WandbTracker(str(run_path / "wandb"), run_name, config, project, wandb_mode))
+            out.append(wandb_tracker(str(run_path / "wandb"), run_name, config, project, wandb_mode))
         else:
-            out.append(TrackioTracker(str(run_path / "trackio"), run_name, config, project))
+            out.append(trackio_tracker(str(run_path / "trackio"), run_name, config, project))
     return out
 
 
