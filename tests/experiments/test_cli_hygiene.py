@@ -91,8 +91,11 @@ def test_caller_only_mode_trains_with_a_frozen_simulator(tmp_path):
     assert json.loads((ckpt / "trainer_state.json").read_text())["models"] == ["caller"]
 
 
-def test_the_smoke_config_runs_end_to_end(tmp_path):
-    """configs/smoke.yaml, the setup check the README points to, stays true."""
+def test_the_smoke_config_runs_end_to_end(tmp_path, capsys):
+    """configs/smoke.yaml, the setup check the README points to, stays true; its log announces the
+    phases, shows the eval's progress per turn and the whole job's ETA, and ends by saying where the
+    results are and how to look at them."""
+    import re
     from pathlib import Path
 
     from envace.cli.main import main as cli
@@ -101,3 +104,21 @@ def test_the_smoke_config_runs_end_to_end(tmp_path):
     assert cli(["train", "--config", str(config), "--set", f"out={tmp_path}"]) == 0
     run = next(tmp_path.iterdir())
     assert (run / "summary.md").is_file() and (run / "checkpoints").is_dir()
+    out = capsys.readouterr().out
+    assert re.search(r"^plan: 1/3 sft .* -> 2/3 train .* -> 3/3 final eval", out, re.M)
+    assert re.search(r"^  eval: turn 1/2: \d+/4 episodes finished", out, re.M)
+    # The last train line: the train phase is done, the final eval is timed by the step-0 eval.
+    assert re.search(r"^train \[2/3\] 2/2 .* \| job eta \d+s$", out, re.M), out
+    assert f"look at the results: cat {run / 'summary.md'}" in out
+
+
+def test_the_job_eta_adds_the_timed_later_phases_and_names_the_untimed_ones():
+    from envace.experiments.progress import JobClock
+
+    clock = JobClock(["sft", "train", "final eval"])
+    assert clock.label("train") == "train [2/3]"
+    assert clock.job_eta("sft", 100) == "job eta >100s (train, final eval not yet timed)"
+    clock.estimate("final eval", 1250)
+    assert clock.job_eta("sft", 100) == "job eta >1,350s (train not yet timed)"
+    assert clock.job_eta("train", 100) == "job eta 1,350s"
+    assert clock.job_eta("final eval", 7) == "job eta 7s"

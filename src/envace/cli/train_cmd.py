@@ -72,7 +72,8 @@ def _train(args: argparse.Namespace) -> int:
 
     run = train(_config(args), resume=args.resume)
     if os.environ.get("RANK", "0") == "0":  # under accelerate launch, rank 0 speaks for the run
-        print(f"done: {run.path} (summary.md, learning_curve.png, metrics.jsonl)")
+        print(f"done: {run.path} (summary.md, learning_curve.png, metrics.jsonl, checkpoints/)\n"
+              f"look at the results: cat {run.path / 'summary.md'}")
     return 0
 
 

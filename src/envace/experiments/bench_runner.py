@@ -191,9 +191,9 @@ def bench_play(adapter: Any, items: list[BenchItem], user: User | None = None, m
     def score(ep: Episode, traj: Trajectory) -> tuple[float, list]:
         return adapter.score(by_id[ep.task.id], bench_episode(ep), None).reward, []
 
-    def play(tasks: list[Task], actor: Actor, source: ResponseSource, cfg: RolloutConfig) -> Any:
+    def play(tasks: list[Task], actor: Actor, source: ResponseSource, cfg: RolloutConfig, on_turn=None) -> Any:
         users = BenchUsers([by_id[t.id] for t in tasks], user or ScriptedUser(), max_steps, max_user_turns)
         return run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size, max_turns=None),
-                            user=users, score=score)
+                            user=users, score=score, on_turn=on_turn)
 
     return play

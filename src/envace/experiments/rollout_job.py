@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
 
 from dataclasses import asdict, dataclass
+from functools import partial
 
 from envace.experiments.factory import GenerationSettings, load_backend, make_actor, make_source
 from envace.experiments.rundir import RunDir
 from envace.experiments.summary import print_summary, summarize, summary_markdown
 from envace.experiments.tasks import select_tasks
-from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
 
 
 @dataclass
@@ -47,16 +47,10 @@ def run_rollout_job(job: RolloutJob) -> RunDir:
     if job.source == "simulator":
         simulator = load_backend(job.sim_model or job.model, job.max_batch)
     source = make_source(job.source, policy, gen, job.seed, simulator=simulator, world=real_world)
-    t0 = time.perf_counter()
-
-    def progress(turn: int, finished: int, total: int) -> None:  # generation is slow on CPU: say how far
-        print(f"turn {turn}/{job.max_turns}: {finished}/{total} episodes finished, "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
-
     try:
         trajs, stats = run_episodes(tasks, make_actor(policy, gen, job.seed), source,
                                     RolloutConfig(group_size=job.group_size, max_turns=job.max_turns),
-                                    on_turn=progress)
+                                    on_turn=log_turns(partial(print, flush=True), max_turns=job.max_turns))
     finally:
         close = getattr(source, "close", None)
         if callable(close):

@@ -28,13 +28,20 @@ from envace.envs.registry import spec_label
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
 from envace.experiments.rollout_backends import rollout_backends
 from envace.experiments.models import RunModels, frozen_copy, load_policy, split_for_mode, with_lora
-from envace.experiments.progress import StepProgress
+from envace.experiments.progress import JobClock, StepProgress
 from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
 from envace.policy.transformers_backend import TransformersBackend
-from envace.rollout.engine import RolloutConfig, Truncation, run_episodes, truncated_fractions, truncation_counts
+from envace.rollout.engine import (
+    RolloutConfig,
+    Truncation,
+    log_turns,
+    run_episodes,
+    truncated_fractions,
+    truncation_counts,
+)
 from envace.rollout.sources import RealSource
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
@@ -144,12 +151,13 @@ def step_tasks(pool: list[Task], cfg: TrainConfig, step: int) -> list[Task]:
 
 def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: TrainConfig,
                   accelerator: Any | None = None, bench: BenchTaskSet | None = None, judge: Any = None,
-                  kind: str = "real", real: RealSource | None = None) -> tuple[dict[str, float], list[Trajectory]]:
+                  kind: str = "real", real: RealSource | None = None,
+                  log: Any = None) -> tuple[dict[str, float], list[Trajectory]]:
     """Success on held-out tasks with the real world answering, whatever the training source
     (with ``bench``: the benchmark's entries, environment and scorer). ``kind="rehearsal"``:
     no real world exists, the policy rehearses the responses (nothing is recorded for training).
     ``real``: the run's real source, reused so that its worlds are resolved (an MCP server's tools
-    listed) once per run; without one, a source is made and closed here.
+    listed) once per run; without one, a source is made and closed here. ``log``: a line per turn.
     On several processes each rank runs its share of the tasks; every rank gets all of them."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
     backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch)
@@ -165,7 +173,7 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
             source.record_samples = False
         try:
             trajs, _ = run_episodes(mine, actor, source, RolloutConfig(group_size=k, max_turns=cfg.rollout.max_turns),
-                                    judge=judge)
+                                    judge=judge, on_turn=log_turns(log, "  eval: ", cfg.rollout.max_turns) if log else None)
         finally:
             if kind == "real" and real is None:
                 source.close()
@@ -214,7 +222,8 @@ def run_policy(cfg: TrainConfig, saved: Path | None = None) -> tuple[torch.nn.Mo
     return with_lora(scratch_llama(cfg.model, tok), cfg.lora), tok
 
 
-def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: RunDir, log) -> None:
+def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: RunDir, log,
+               clock: JobClock | None = None) -> None:
     if not cfg.sft.enabled:
         return
     if cfg.sft.init_from:
@@ -243,7 +252,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     t0 = time.perf_counter()
     if cfg.sft.copy_warmup_steps:
         vocab = data_vocabulary((s.prompt_ids + s.gen_ids for s in samples), limit=cfg.sft.copy_warmup_vocab)
-        bar = StepProgress(phase_label(cfg, "copy warm-up"), total=cfg.sft.copy_warmup_steps)
+        bar = StepProgress("copy warm-up", total=cfg.sft.copy_warmup_steps, clock=clock or job_clock(cfg))
         results = [s.gen_ids for s in samples if s.role == "simulator"]  # the real tool results
         if cfg.sft.copy_warmup_data and not results:
             log("warning: sft.copy_warmup_data is ignored: the warm start has no simulator samples (real tool "
@@ -259,7 +268,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
         run.log_metrics({"phase": "sft", "step": 0, "copy/last_loss": cw.last_loss, "copy/accuracy": cw.accuracy,
                          "copy/seconds": time.perf_counter() - t0})
     log(f"SFT warm start: {len(tasks)} oracle trajectories, {len(samples)} samples, {cfg.sft.epochs} epochs")
-    bar = StepProgress(phase_label(cfg, "sft"), total=None)
+    bar = StepProgress("sft", total=None, clock=clock or job_clock(cfg))
     stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
                     batch_samples=cfg.sft.batch_samples, schedule=cfg.sft.schedule,
                     seed=cfg.seed, pad_id=tokenizer.pad_token_id or 0,
@@ -304,7 +313,8 @@ def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
                                        pad_id=tokenizer.pad_token_id or 0)
 
 
-def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any | None = None) -> TrainState:
+def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any | None = None,
+            clock: JobClock | None = None) -> TrainState:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     main = dist.is_main_process(accelerator)
@@ -318,7 +328,7 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
             init = Path(cfg.sft.init_from) if cfg.sft.enabled and cfg.sft.init_from else None
             policy, tok = run_policy(cfg, init)
             policy.to(_device(accelerator, cfg))
-            warm_start(policy, tok, cfg, created, log)
+            warm_start(policy, tok, cfg, created, log, clock)
         run = RunDir(Path(dist.broadcast_object(accelerator, str(created.path) if created else "")))
     else:
         run = RunDir.open(resume)
@@ -330,7 +340,7 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
         policy, tok = run_policy(cfg, init)
         policy.to(_device(accelerator, cfg))
         _clear_phase(run, "sft")
-        warm_start(policy, tok, cfg, run, log)
+        warm_start(policy, tok, cfg, run, log, clock)
     if resume is not None or not main:
         policy, tok = run_policy(cfg, run.path / SFT_DIR)
         policy.to(_device(accelerator, cfg))
@@ -429,9 +439,9 @@ def job_plan(cfg: TrainConfig, resume: bool) -> list[tuple[str, str]]:
     return plan
 
 
-def phase_label(cfg: TrainConfig, name: str, resume: bool = False) -> str:
-    names = [p for p, _ in job_plan(cfg, resume)]
-    return f"{name} [{names.index(name) + 1}/{len(names)}]" if name in names else name
+def job_clock(cfg: TrainConfig, resume: bool = False) -> JobClock:
+    """The job's phases, for ``[k/n]`` labels and the whole-job ETA on every progress line."""
+    return JobClock([name for name, _ in job_plan(cfg, resume)])
 
 
 def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunDir:
@@ -443,12 +453,13 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if not main:
         log = _silent  # noqa: F811 - rank 0 speaks for the run
     plan = job_plan(cfg, resume is not None)
+    clock = job_clock(cfg, resume is not None)
     log("plan: " + " -> ".join(f"{i}/{len(plan)} {name} ({what})" for i, (name, what) in enumerate(plan, 1)))
     if cfg.bench is not None and cfg.sft.enabled and cfg.sft.init_from is None:
         raise ValueError("sft.enabled: the SFT warm start imitates the embedded worlds' scripted oracle; with "
                          "bench: set sft.enabled: false, or sft.init_from a warm start")
     bench = bench_task_set(cfg.bench) if cfg.bench is not None else None
-    st = prepare(cfg, resume, log, acc)
+    st = prepare(cfg, resume, log, acc, clock)
     run, models = st.run, st.models
     metrics_log = None
     if main:
@@ -488,8 +499,10 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     real = RealSource(cfg.world)
 
     def do_eval(step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
         metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc, bench, judge=judge,
-                                       kind=kind, real=real)
+                                       kind=kind, real=real, log=log)
+        clock.estimate("final eval", time.perf_counter() - t0)  # the same tasks and samples every time
         watch_eval.add(trajs)
         if main:
             run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
@@ -501,8 +514,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                   and not any(m.get("phase") == "eval" for m in run.metrics()))
     if eval0:
         log(f"step 0 {kind} eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
-    bar = StepProgress(phase_label(cfg, "train", resume is not None), total=cfg.steps, start=st.start_step) \
-        if main else None
+    bar = StepProgress("train", total=cfg.steps, start=st.start_step, clock=clock) if main else None
     for step in range(st.start_step + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         all_tasks = step_tasks(pool, cfg, step)

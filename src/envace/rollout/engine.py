@@ -219,6 +219,19 @@ def _answer_calls(pending: list[tuple[Episode, list[tuple[ToolCall | None, dict 
             ep.stop("max_turns", forced=True)
 
 
+def log_turns(log: Callable[[str], None], label: str = "",
+              max_turns: int | None = None) -> Callable[[int, int, int], None]:
+    """An ``on_turn`` for :func:`run_episodes` that logs how far a long batched run is: on a CPU one
+    turn of a few hundred episodes takes minutes, and a job that prints nothing looks hung."""
+    t0 = time.perf_counter()
+
+    def on_turn(turn: int, finished: int, total: int) -> None:
+        of = f"/{max_turns}" if max_turns else ""
+        log(f"{label}turn {turn}{of}: {finished}/{total} episodes finished, {time.perf_counter() - t0:.0f} s")
+
+    return on_turn
+
+
 def run_episodes(
     tasks: list[Task],
     actor: Actor,

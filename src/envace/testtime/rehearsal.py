@@ -23,7 +23,7 @@ from typing import Any
 
 from envace.core.types import Task, Trajectory
 from envace.rollout.actors import Actor, ActorTurn, ActorView
-from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
 from envace.rollout.sources import RealSource, ResponseSource, ToolRequest, ToolResponse
 from envace.testtime.memory import NO_MEMORY, Memory, MemoryWriter, RuleMemoryWriter
 
@@ -193,7 +193,8 @@ def rehearse(tasks: list[Task], actor: Actor, simulator: ResponseSource, mode: s
     rset = RehearsalSet(mode=mode, budget=budget, attempts={t.id: [] for t in tasks})
     if mode == "parallel":
         counting = CountingSource(simulator)
-        trajs, _ = play(tasks, actor, counting, RolloutConfig(group_size=budget, max_turns=max_turns))
+        trajs, _ = play(tasks, actor, counting, RolloutConfig(group_size=budget, max_turns=max_turns),
+                        on_turn=log_turns(log, f"  {mode} rehearsal: ", max_turns) if log else None)
         for traj in trajs:
             rset.attempts[traj.task_id].append(Rehearsal(
                 task_id=traj.task_id, attempt=traj.trajectory_index, trajectory=traj,
@@ -206,7 +207,8 @@ def rehearse(tasks: list[Task], actor: Actor, simulator: ResponseSource, mode: s
             texts = {tid: m.text for tid, m in memories.items()}
             counting = CountingSource(_reseeded(simulator, k))
             trajs, _ = play(tasks, MemoryActor(_reseeded(actor, k), texts), counting,
-                            RolloutConfig(group_size=1, max_turns=max_turns))
+                            RolloutConfig(group_size=1, max_turns=max_turns),
+                            on_turn=log_turns(log, f"  attempt {k + 1}/{budget}: ", max_turns) if log else None)
             for traj in trajs:
                 rset.attempts[traj.task_id].append(Rehearsal(
                     task_id=traj.task_id, attempt=k, trajectory=traj, memory_seen=texts.get(traj.task_id, ""),
@@ -313,11 +315,12 @@ class ConditionResult:
 
 
 def commit(tasks: list[Task], actor: Actor, real_source: RealSource, memories: Mapping[str, str],
-           max_turns: int = 4, judge: Any = None) -> list[Trajectory]:
+           max_turns: int = 4, judge: Any = None, log: Log | None = None) -> list[Trajectory]:
     """The one committed run per task, in the real world, with each task's memory in the prompt
-    (``judge``: the judge of ``judge`` checklist items, if any)."""
+    (``judge``: the judge of ``judge`` checklist items, if any; ``log``: progress per turn)."""
     trajs, _ = run_episodes(tasks, MemoryActor(actor, memories), real_source,
-                            RolloutConfig(group_size=1, max_turns=max_turns), judge=judge)
+                            RolloutConfig(group_size=1, max_turns=max_turns), judge=judge,
+                            on_turn=log_turns(log, "  committed run: ", max_turns) if log else None)
     return trajs
 
 
@@ -342,7 +345,7 @@ def commit_condition(tasks: list[Task], commit_actor: Actor, rset: RehearsalSet 
     # "zero real calls while rehearsing" is shown rather than assumed.
     during = source.total_calls()
     try:
-        trajs = commit(tasks, commit_actor, source, {tid: m.text for tid, m in memories.items()}, max_turns, judge)
+        trajs = commit(tasks, commit_actor, source, {tid: m.text for tid, m in memories.items()}, max_turns, judge, log)
     finally:
         source.close()  # MCP servers and loops; the recorded calls stay readable
     wall = time.perf_counter() - t0
