@@ -152,3 +152,18 @@ def test_progress_after_every_turn_counts_finished_episodes():
     finished = [d for _, d, _ in seen]
     assert finished == sorted(finished) and finished[-1] == 10 and finished[0] < 10
     assert len(seen) == max(len([m for m in t.messages if m.role == "assistant"]) for t in trajs)
+
+
+def test_the_conversation_context_shows_the_simulator_the_request_and_every_tool(tiny_backend):
+    from envace.core.prompts import render_simulator_prompt
+    from envace.core.types import ToolCall
+
+    task = load_tasks("shop", "test")[0]
+    call = ToolCall(name=task.tools[0].name, arguments={})
+    tok = tiny_backend.tokenizer
+    plain = tok.decode(render_simulator_prompt(tok, task, call, [], PromptStyle()))
+    wide = tok.decode(render_simulator_prompt(tok, task, call, [], PromptStyle(simulator_context="conversation")))
+    assert task.instruction not in plain and task.instruction in wide
+    others = [t.name for t in task.tools[1:]]
+    assert others and all(f"{name}(" in wide for name in others)
+    assert wide.endswith(plain[plain.index("Tool: "):])  # the call-only context follows unchanged

@@ -62,7 +62,7 @@ def add_eval_arguments(p: argparse.ArgumentParser, bench_required: bool = True, 
         p.add_argument("--max-new-tokens", type=int, default=128)
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--max-batch", type=int, default=8)
-        p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+        p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: one per idle core)")
         p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--out", default="runs")

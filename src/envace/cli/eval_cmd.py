@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rehearsal-temperature", type=float, default=0.7)
     p.add_argument("--temperature", type=float, default=0.0, help="committed run (0 = greedy)")
     p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: one per idle core)")
     p.add_argument("--device", default="cpu", help="torch device of the model(s): cpu, cuda, cuda:1, ...")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs", help="parent folder of the run directory")

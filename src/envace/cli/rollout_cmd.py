@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs", help="parent folder of the run directory")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: one per idle core)")
     p.set_defaults(func=_run)
 
 
@@ -35,6 +36,6 @@ def _run(args: argparse.Namespace) -> int:
     job = RolloutJob(world=args.world, task_file=args.task_file, split=args.split, tasks=args.tasks,
                      source=args.source, model=args.model, sim_model=args.sim_model, group_size=args.group_size,
                      max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                     max_batch=args.max_batch, seed=args.seed, out=args.out)
+                     max_batch=args.max_batch, seed=args.seed, out=args.out, threads=args.threads)
     run_rollout_job(job)
     return 0

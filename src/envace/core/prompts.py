@@ -14,6 +14,7 @@ from envace.core.toolcall import RESULT_OPEN
 from envace.core.types import Message, Task, ToolCall, ToolSpec
 
 ToolFormat = Literal["native", "compact", "json"]
+SimulatorContext = Literal["call", "conversation"]
 
 CALLER_SYSTEM = (
     "You are an assistant for a {domain} service. Use the tools to do what the user asks. "
@@ -78,6 +79,10 @@ class PromptStyle:
     max_examples: int = 3  # real call/result pairs shown to the simulator
     max_history_results: int = 6  # earlier results of this episode shown to the simulator
     prefill_result_tag: bool = True  # start the simulator's answer with <execution_result>
+    # What the rehearse role sees besides the call: "call" (the called tool's signature, grounding
+    # examples, earlier results) or "conversation", which adds the user's request and the whole
+    # tool list, as the paper's reference simulator is shown the dialogue so far and the tools.
+    simulator_context: SimulatorContext = "call"
 
 
 def _encode(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
@@ -117,8 +122,11 @@ def simulator_chat(
     spec = task.tool(call.name)
     # Examples of the called tool first: they show its result shape; the others ground ids and values.
     examples = sorted(task.examples, key=lambda e: e.tool != call.name)[: style.max_examples]
-    parts = [f"Tool: {compact_signature(spec) if spec else call.name + ' (not in the tool list)'}"]
-    if spec is None:
+    parts = []
+    if style.simulator_context == "conversation":
+        parts += [f"User request: {task.instruction}", "Tools:", tools_text(task.tools, "compact")]
+    parts.append(f"Tool: {compact_signature(spec) if spec else call.name + ' (not in the tool list)'}")
+    if spec is None and style.simulator_context == "call":
         parts.append("Available tools: " + ", ".join(t.name for t in task.tools))
     if examples:
         parts.append("Examples of real calls:")

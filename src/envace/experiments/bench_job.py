@@ -124,10 +124,9 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
     gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.max_new_tokens,
                              max_prompt_tokens=job.max_prompt_tokens, temperature=job.temperature,
                              max_batch=job.max_batch, style=_prompt_style(job.tool_format))
-    if job.threads:
-        import torch
+    from envace.policy.threads import apply_threads
 
-        torch.set_num_threads(job.threads)
+    apply_threads(job.threads, print)
 
     def load(spec: str):
         return load_eval_backend(spec, job.max_batch, job.device)

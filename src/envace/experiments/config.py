@@ -24,6 +24,9 @@ class PromptConfig(_Section):
     max_examples: int = Field(3, ge=0)
     max_history_results: int = Field(6, ge=0)
     prefill_result_tag: bool = True
+    simulator_context: Literal["call", "conversation"] = Field(
+        "call", description="what the rehearse role sees: call (the tool's signature, examples, earlier results) "
+        "or conversation (also the user's request and the whole tool list, as the paper's simulator)")
 
 
 class RolloutSettings(_Section):
@@ -193,7 +196,7 @@ class TrainConfig(_Section):
     bench: BenchTrainConfig | None = Field(None, description="train on a paper benchmark's entries (its scorer "
                                            "as reward, its environment for the eval) instead of `worlds`")
     out: str = "runs"
-    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: one per idle core when the job starts)")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$",
                         description="torch device of a one-process run: auto (cuda when available, else cpu), "
                         "cpu, cuda, cuda:1, mps; under accelerate launch each rank takes its own")

@@ -346,10 +346,9 @@ def run_eval_job(job: EvalJob, log=print) -> RunDir:
     fid_tasks = eval_tasks(job, job.fidelity_tasks or job.tasks) if job.fidelity else []
     for note in models.notes:
         log(note)
-    if job.threads:
-        import torch
+    from envace.policy.threads import apply_threads
 
-        torch.set_num_threads(job.threads)
+    apply_threads(job.threads, log)
     caller = load_eval_backend(models.caller, job.max_batch, job.device)
     sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch, job.device)
     run = RunDir.create(job.out, "eval", job_config(job, models, budget), seed=job.seed, name=job.name)

@@ -10,6 +10,7 @@ from envace.experiments.factory import GenerationSettings, load_backend, make_ac
 from envace.experiments.rundir import RunDir
 from envace.experiments.summary import print_summary, summarize, summary_markdown
 from envace.experiments.tasks import select_tasks
+from envace.policy.threads import apply_threads
 from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
 
 
@@ -29,6 +30,7 @@ class RolloutJob:
     max_batch: int = 16
     seed: int = 0
     out: str = "runs"
+    threads: int | None = None  # torch CPU threads (None: one per idle core)
 
 
 def run_rollout_job(job: RolloutJob) -> RunDir:
@@ -38,6 +40,7 @@ def run_rollout_job(job: RolloutJob) -> RunDir:
     real_world = job.world if job.task_file else None
     tasks = select_tasks(None if job.task_file else (job.world or "shop"), split, job.tasks, job.task_file,
                          real_world=real_world)
+    apply_threads(job.threads, partial(print, flush=True))
     run = RunDir.create(job.out, "rollout", asdict(job), seed=job.seed)
     print(f"run directory: {run.path}")
     gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.max_new_tokens,

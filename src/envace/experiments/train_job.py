@@ -33,6 +33,7 @@ from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
+from envace.policy.threads import apply_threads
 from envace.policy.transformers_backend import TransformersBackend
 from envace.rollout.engine import (
     RolloutConfig,
@@ -445,8 +446,7 @@ def job_clock(cfg: TrainConfig, resume: bool = False) -> JobClock:
 
 
 def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunDir:
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    apply_threads(cfg.threads, log)
     acc = dist.make_accelerator(timeout_s=DIST_TIMEOUT_S)  # None unless launched with several processes
     dist.require_replicated(acc)
     main = dist.is_main_process(acc)

@@ -1,0 +1,45 @@
+"""The default torch thread count: one per idle core, so a busy machine does not stall a job."""
+
+import multiprocessing as mp
+import time
+
+import torch
+
+from envace.policy.threads import apply_threads, busy_cores, default_threads, usable_cores
+
+
+def _spin():
+    while True:
+        pass
+
+
+def test_busy_cores_sees_other_processes_and_the_default_leaves_their_cores_alone():
+    cores = usable_cores()
+    spinners = [mp.Process(target=_spin, daemon=True) for _ in range(cores)]
+    for s in spinners:
+        s.start()
+    try:
+        time.sleep(0.5)
+        assert busy_cores() > cores - 0.5
+        assert default_threads() == 1  # every core is taken: one thread, never zero
+    finally:
+        for s in spinners:
+            s.terminate()
+            s.join()
+
+
+def test_an_explicit_thread_count_wins_and_several_ranks_keep_the_launchers(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        logged = []
+        assert apply_threads(1, logged.append) == 1 and torch.get_num_threads() == 1
+        assert logged == []  # the user chose: nothing to explain
+        torch.set_num_threads(2)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        assert apply_threads(None, logged.append) == 2 and logged == []
+        monkeypatch.delenv("WORLD_SIZE")
+        n = apply_threads(None, logged.append)
+        assert 1 <= n <= usable_cores() and torch.get_num_threads() == n
+        assert logged and logged[0].startswith(f"torch threads: {n} ")
+    finally:
+        torch.set_num_threads(before)
