@@ -28,7 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from", dest="first", type=int, help="eval step to start from (default: each run's first)")
     p.add_argument("--to", dest="last", type=int, help="eval step to compare (default: each run's last)")
     p.add_argument("--plot", type=Path, metavar="PNG", help="success by step per source, the runs pooled")
+    p.add_argument("--start", type=Path, metavar="RUN", help="the start figures come from this run's first eval: "
+                   "for runs from its warm start that skipped their own (eval.at_start: false)")
     args = p.parse_args(argv)
+    start = None
+    if args.start is not None:
+        try:
+            start_by_step = eval_task_success(RunDir.open(args.start))
+        except (FileNotFoundError, ValueError) as e:
+            p.error(str(e))
+        if not start_by_step:
+            p.error(f"{args.start}: no eval episodes (evals.jsonl)")
+        start = start_by_step[min(start_by_step)]
     lines = ["| run | tasks | start | end | gain (paired s.e.) |", "|---|---|---|---|---|"]
     # pooled per training source: a run and its baseline share their tasks, so never pool across
     before: dict[str, dict[tuple[str, str], float]] = {}
@@ -38,16 +49,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run = RunDir.open(path)
             by_step = eval_task_success(run)
+            if start is not None:  # the run may hold only its final eval
+                by_step = {-1: start, **by_step}
             first, last = eval_steps(run, by_step, args.first, args.last)
         except (FileNotFoundError, ValueError) as e:
             p.error(str(e))
         a, b = by_step[first], by_step[last]
+        if set(a) != set(b):
+            p.error(f"{path}: the start and end evals are on different tasks")
         gain, se, n = paired_gain(a, b)
         source = run.config().get("source", "?")
         runs_of.setdefault(source, []).append(by_step)
         before.setdefault(source, {}).update({(str(path), t): v for t, v in a.items()})
         after.setdefault(source, {}).update({(str(path), t): v for t, v in b.items()})
-        lines.append(f"| {path} | {n} | {sum(a.values()) / len(a):.3f} (step {first}) | "
+        lines.append(f"| {path} | {n} | {sum(a.values()) / len(a):.3f} ({'start run' if first == -1 else f'step {first}'}) | "
                      f"{sum(b.values()) / len(b):.3f} (step {last}) | {gain:+.3f} ({se:.3f}) |")
     for source, members in runs_of.items():
         if len(members) > 1:

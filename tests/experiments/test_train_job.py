@@ -293,7 +293,7 @@ def test_the_truncation_warning_says_when_cut_off_turns_are_decoding_loops(tmp_p
     assert len(long) == 1 and long[0].endswith("raise the cap")
 
 
-@pytest.mark.parametrize("name", ["demo", "compare", "compare_smollm2", "bfcl_rehearsal"])
+@pytest.mark.parametrize("name", ["demo", "compare", "compare_smollm2", "smollm2_cpu", "bfcl_rehearsal", "smoke"])
 def test_the_shipped_configs_load(name):
     """A field renamed in the code must not leave the README's main job failing at startup."""
     from pathlib import Path
@@ -338,3 +338,16 @@ def test_the_eval_can_average_several_sampled_episodes_per_task(tmp_path):
     solved = {t.task_id for t in trajs if t.reward >= 1.0}
     assert metrics["eval/tasks_solved"] == pytest.approx(len(solved) / 2)
     assert metrics["eval/reward"] == pytest.approx(sum(t.reward for t in trajs) / 6)
+
+
+def test_a_run_from_a_shared_warm_start_can_skip_its_start_eval(tmp_path):
+    """eval.at_start: false (comparing sources from one warm start): only the final eval is run."""
+    base = train(load_config(_cfg(tmp_path), ["steps=1"]), log=lambda *_: None)
+    assert sorted(r["step"] for r in base.metrics() if r["phase"] == "eval") == [0, 1]
+    cfg = load_config(_cfg(tmp_path), ["steps=1", "eval.at_start=false", f"sft.init_from={base.path / 'sft'}",
+                                       "source=real", "out=" + str(tmp_path / "real")])
+    run = train(cfg, log=lambda *_: None)
+    assert sorted(r["step"] for r in run.metrics() if r["phase"] == "eval") == [1]
+    from envace.core.jsonl import read_jsonl_dicts
+
+    assert {r["step"] for r in read_jsonl_dicts(run.path / "evals.jsonl")} == {1}

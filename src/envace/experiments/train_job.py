@@ -510,7 +510,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         return metrics
 
     # Decided on rank 0 (the one that writes metrics.jsonl), so every rank evaluates together.
-    eval0 = dist.broadcast_object(acc, main and st.start_step == 0
+    eval0 = dist.broadcast_object(acc, main and cfg.eval.at_start and st.start_step == 0
                                   and not any(m.get("phase") == "eval" for m in run.metrics()))
     if eval0:
         log(f"step 0 {kind} eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
