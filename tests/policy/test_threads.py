@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from envace.policy.threads import apply_threads, busy_cores, default_threads, usable_cores
+from envace.policy.threads import AdaptiveThreads, apply_threads, busy_cores, default_threads, usable_cores
 
 
 def _spin():
@@ -13,8 +13,11 @@ def _spin():
         pass
 
 
-def test_busy_cores_sees_other_processes_and_the_default_leaves_their_cores_alone():
+def test_busy_cores_sees_other_processes_and_a_long_job_moves_off_their_cores():
+    before = torch.get_num_threads()
     cores = usable_cores()
+    said = []
+    adaptive = AdaptiveThreads(None, said.append, every_s=0.0)
     spinners = [mp.Process(target=_spin, daemon=True) for _ in range(cores)]
     for s in spinners:
         s.start()
@@ -22,10 +25,16 @@ def test_busy_cores_sees_other_processes_and_the_default_leaves_their_cores_alon
         time.sleep(0.5)
         assert busy_cores() > cores - 0.5
         assert default_threads() == 1  # every core is taken: one thread, never zero
+        assert adaptive.check() == 1 and torch.get_num_threads() == 1
+        if cores > 1 and said[0].startswith(f"torch threads: {cores} "):  # it started on a quiet machine
+            assert said[-1] == f"torch threads: {cores} -> 1 (idle cores changed)"
+        fixed = AdaptiveThreads(cores, every_s=0.0)  # torch's count is per process: one job at a time
+        assert fixed.check() == cores and torch.get_num_threads() == cores  # the user's choice stands
     finally:
         for s in spinners:
             s.terminate()
             s.join()
+        torch.set_num_threads(before)
 
 
 def test_an_explicit_thread_count_wins_and_several_ranks_keep_the_launchers(monkeypatch):

@@ -33,7 +33,7 @@ from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
-from envace.policy.threads import apply_threads
+from envace.policy.threads import AdaptiveThreads
 from envace.policy.transformers_backend import TransformersBackend
 from envace.rollout.engine import (
     RolloutConfig,
@@ -223,8 +223,17 @@ def run_policy(cfg: TrainConfig, saved: Path | None = None) -> tuple[torch.nn.Mo
     return with_lora(scratch_llama(cfg.model, tok), cfg.lora), tok
 
 
+def _on_step(bar: StepProgress, threads: AdaptiveThreads | None):
+    def on_step(step: int, total: int, loss: float) -> None:
+        bar.update(step, total, {"loss": loss})
+        if threads is not None:
+            threads.check()
+
+    return on_step
+
+
 def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: RunDir, log,
-               clock: JobClock | None = None) -> None:
+               clock: JobClock | None = None, threads: AdaptiveThreads | None = None) -> None:
     if not cfg.sft.enabled:
         return
     if cfg.sft.init_from:
@@ -260,8 +269,8 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
                 "results) to copy; the warm-up copies random spans only")
         cw = copy_warmup(policy, vocab, cfg.sft.copy_warmup_steps, lr=cfg.sft.copy_warmup_lr,
                          span=cfg.sft.copy_warmup_span, seed=cfg.seed,
-                         on_step=lambda s, n, loss: bar.update(s, n, {"loss": loss}),
-                         data=results, data_frac=cfg.sft.copy_warmup_data if results else 0.0,
+                         on_step=_on_step(bar, threads), data=results,
+                         data_frac=cfg.sft.copy_warmup_data if results else 0.0,
                          data_span=cfg.sft.copy_warmup_data_span)
         bar.close()
         log(f"copy warm-up: {cw.steps} steps over {cw.vocabulary} data tokens, loss {cw.first_loss:.3f} -> "
@@ -273,7 +282,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
                     batch_samples=cfg.sft.batch_samples, schedule=cfg.sft.schedule,
                     seed=cfg.seed, pad_id=tokenizer.pad_token_id or 0,
-                    on_step=lambda s, n, loss: bar.update(s, n, {"loss": loss}))
+                    on_step=_on_step(bar, threads))
     bar.close()
     run.log_metrics({"phase": "sft", "step": 0, "sft/first_loss": stats.first_loss, "sft/last_loss": stats.last_loss,
                      "sft/samples": stats.samples, "sft/tokens": stats.tokens, "sft/seconds": time.perf_counter() - t0})
@@ -315,7 +324,7 @@ def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
 
 
 def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any | None = None,
-            clock: JobClock | None = None) -> TrainState:
+            clock: JobClock | None = None, threads: AdaptiveThreads | None = None) -> TrainState:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     main = dist.is_main_process(accelerator)
@@ -329,7 +338,7 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
             init = Path(cfg.sft.init_from) if cfg.sft.enabled and cfg.sft.init_from else None
             policy, tok = run_policy(cfg, init)
             policy.to(_device(accelerator, cfg))
-            warm_start(policy, tok, cfg, created, log, clock)
+            warm_start(policy, tok, cfg, created, log, clock, threads)
         run = RunDir(Path(dist.broadcast_object(accelerator, str(created.path) if created else "")))
     else:
         run = RunDir.open(resume)
@@ -341,7 +350,7 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
         policy, tok = run_policy(cfg, init)
         policy.to(_device(accelerator, cfg))
         _clear_phase(run, "sft")
-        warm_start(policy, tok, cfg, run, log, clock)
+        warm_start(policy, tok, cfg, run, log, clock, threads)
     if resume is not None or not main:
         policy, tok = run_policy(cfg, run.path / SFT_DIR)
         policy.to(_device(accelerator, cfg))
@@ -446,7 +455,7 @@ def job_clock(cfg: TrainConfig, resume: bool = False) -> JobClock:
 
 
 def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunDir:
-    apply_threads(cfg.threads, log)
+    threads = AdaptiveThreads(cfg.threads, log)  # re-checked between steps: other jobs come and go
     acc = dist.make_accelerator(timeout_s=DIST_TIMEOUT_S)  # None unless launched with several processes
     dist.require_replicated(acc)
     main = dist.is_main_process(acc)
@@ -459,7 +468,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         raise ValueError("sft.enabled: the SFT warm start imitates the embedded worlds' scripted oracle; with "
                          "bench: set sft.enabled: false, or sft.init_from a warm start")
     bench = bench_task_set(cfg.bench) if cfg.bench is not None else None
-    st = prepare(cfg, resume, log, acc, clock)
+    st = prepare(cfg, resume, log, acc, clock, threads)
     run, models = st.run, st.models
     metrics_log = None
     if main:
@@ -516,6 +525,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         log(f"step 0 {kind} eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
     bar = StepProgress("train", total=cfg.steps, start=st.start_step, clock=clock) if main else None
     for step in range(st.start_step + 1, cfg.steps + 1):
+        threads.check()
         t0 = time.perf_counter()
         all_tasks = step_tasks(pool, cfg, step)
         tasks = dist.shard_tasks(all_tasks, acc)  # this rank's share (all of them in one process)

@@ -4,7 +4,8 @@ torch's own default is one OpenMP thread per core. On a machine where another jo
 a core, that team's threads take turns on the free cores and every parallel region waits for the
 descheduled one: generation slows by far more than the lost core (benchmarks/thread_default.py,
 docs/results.md). So the default counts the cores that are idle now and uses that many, never
-fewer than one.
+fewer than one, and a long job checks again between steps (:class:`AdaptiveThreads`): another
+job that starts or ends later moves it to the cores that are free.
 """
 
 from __future__ import annotations
@@ -34,17 +35,26 @@ def _cpu_times() -> tuple[float, float] | None:
     return total - idle, total
 
 
+def _own_cpu_s() -> float:
+    t = os.times()  # every thread of this process (OpenMP workers still spinning after a region)
+    return t.user + t.system
+
+
 def busy_cores(window_s: float = 0.3) -> float:
-    """How many cores other work keeps busy, sampled over ``window_s`` (the 1-minute load average
-    where /proc/stat is missing)."""
-    a = _cpu_times()
+    """How many cores other processes keep busy, sampled over ``window_s`` (this process's own
+    CPU time taken out; the 1-minute load average where /proc/stat is missing)."""
+    a, own = _cpu_times(), _own_cpu_s()
     if a is None:
         return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    t0 = time.perf_counter()
     time.sleep(window_s)
-    b = _cpu_times()
+    b, own = _cpu_times(), _own_cpu_s() - own
+    wall = time.perf_counter() - t0
     if b is None or b[1] <= a[1]:
         return 0.0
-    return (b[0] - a[0]) / (b[1] - a[1]) * (os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    busy = (b[0] - a[0]) / (b[1] - a[1]) * cores
+    return max(0.0, busy - own / wall if wall > 0 else busy)
 
 
 def default_threads(window_s: float = 0.3) -> int:
@@ -64,3 +74,29 @@ def apply_threads(threads: int | None, log=None) -> int:
     if log is not None and not threads:
         log(f"torch threads: {n} (idle cores of {usable_cores()}; set threads / --threads to choose)")
     return n
+
+
+class AdaptiveThreads:
+    """The thread default of a long job, checked again every ``every_s`` seconds at a step boundary
+    (:meth:`check`); a fixed ``threads`` is never changed."""
+
+    def __init__(self, threads: int | None, log=None, every_s: float = 60.0, window_s: float = 0.2):
+        self.fixed, self.log, self.every_s, self.window_s = threads, log, every_s, window_s
+        self.current = apply_threads(threads, log)
+        self._last = time.perf_counter()
+
+    def check(self) -> int:
+        import torch
+
+        if self.fixed or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return self.current
+        if time.perf_counter() - self._last < self.every_s:
+            return self.current
+        n = default_threads(self.window_s)
+        self._last = time.perf_counter()
+        if n != self.current:
+            torch.set_num_threads(n)
+            if self.log is not None:
+                self.log(f"torch threads: {self.current} -> {n} (idle cores changed)")
+            self.current = n
+        return n
