@@ -31,7 +31,7 @@ def _wait(proc: subprocess.Popen) -> tuple[int, str]:
     return code, output[-6000:]
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.parametrize("parallel", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_two_processes_take_the_one_process_update(tmp_path, parallel):
     launcher = _launch_two(tmp_path, parallel)  # the ranks start while this process computes the reference
     torch.set_num_threads(1)

@@ -105,6 +105,7 @@ def _as_run(src: Path, dst: Path, checkpoints: bool) -> Path:
     return dst
 
 
+@pytest.mark.slow  # two training processes plus the one-process reference: ~1 CPU-minute each
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_train_on_two_processes_matches_one_and_resumes(tmp_path, parallel):
     torch.set_num_threads(1)

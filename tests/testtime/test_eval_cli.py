@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -86,6 +87,10 @@ def test_eval_sweep_fidelity_and_report_end_to_end(capsys, tmp_path):
                              "--budgets", "0,1,2", "--modes", "sequential", "--fidelity", "--fidelity-tasks", "1",
                              "--out", str(tmp_path), "--name", "ev", *FAST)
     assert code == 0, err
+    # progress as it goes: each batched turn of the committed runs, the rehearsals and the fidelity episodes
+    assert re.search(r"^  committed run: turn 1/\d+: \d+/2 episodes finished, \d+ s$", out, re.M), out
+    assert re.search(r"^  attempt 2/2: turn 1/\d+: \d+/2 episodes finished", out, re.M)
+    assert re.search(r"^  fidelity, oracle episodes: turn 1/\d+: \d+/1 episodes finished", out, re.M)
     run = RunDir.open(tmp_path / "ev")
     assert run.meta()["kind"] == "eval"
     committed = [json.loads(x) for x in (run.path / "committed.jsonl").read_text().splitlines()]

@@ -30,7 +30,7 @@ from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
 from envace.envs.registry import world_names
 from envace.rollout.actors import OracleActor, PolicyActor
-from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
 from envace.rollout.sources import ModelSource, RealSource
 from envace.testtime.fidelity import (
     cases_from_trajectories,
@@ -299,14 +299,16 @@ def fidelity_trajectories(job: EvalJob, tasks: list[Task], parts: EvalParts, log
         turns = max(job.max_turns, max(len(t.reference.calls) for t in tasks) + 1)
         source = RealSource(job.real_world)
         try:
-            out["oracle"], _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=turns))
+            out["oracle"], _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=turns),
+                                            on_turn=log_turns(log, "  fidelity, oracle episodes: ", turns))
         finally:
             source.close()
     if job.fidelity_source in ("policy", "both"):
         source = RealSource(job.real_world)
         try:
             out["policy"], _ = run_episodes(tasks, parts.commit_actor, source,
-                                            RolloutConfig(max_turns=job.max_turns))
+                                            RolloutConfig(max_turns=job.max_turns),
+                                            on_turn=log_turns(log, "  fidelity, policy episodes: ", job.max_turns))
         finally:
             source.close()
     return out
