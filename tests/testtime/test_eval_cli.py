@@ -167,3 +167,22 @@ def test_a_checkpoint_is_evaluated_on_its_training_distribution(capsys, tmp_path
     assert resolved["world"] == "shop" and resolved["tool_distractors"] == 2 and resolved["max_turns"] == 1
     rows = [json.loads(line) for line in (tmp_path / "ev" / "other" / "committed.jsonl").read_text().splitlines()]
     assert all(r["task_id"].startswith("shop") for r in rows)
+
+
+def test_fidelity_can_show_the_simulator_the_conversation(capsys, tmp_path, monkeypatch):
+    """--simulator-context conversation: the rehearse role's prompts carry the user's request."""
+    import envace.rollout.sources as sources
+
+    seen = []
+    real_render = sources.render_simulator_prompt
+
+    def spy(tok, task, call, earlier, style):
+        seen.append((task.instruction, style.simulator_context, tok.decode(real_render(tok, task, call, earlier, style))))
+        return real_render(tok, task, call, earlier, style)
+
+    monkeypatch.setattr(sources, "render_simulator_prompt", spy)
+    code, _, err = run_cli(capsys, "eval", "--model", "tiny", "--world", "shop", "--tasks", "1", "--fidelity",
+                           "--simulator-context", "conversation", "--out", str(tmp_path), "--name", "f", *FAST)
+    assert code == 0, err
+    assert seen and all(ctx == "conversation" and instruction in text for instruction, ctx, text in seen)
+    assert RunDir.open(tmp_path / "f").config()["simulator_context"] == "conversation"

@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sim-max-new-tokens", type=int, default=None,
                    help="per rehearsed tool response in rehearsal (default: the run's, else 96)")
     p.add_argument("--fidelity-max-new-tokens", type=int, default=256, help="per rehearsed response in --fidelity")
+    p.add_argument("--simulator-context", default=None, choices=["call", "conversation"],
+                   help="what the rehearse role sees (default: the run's prompt.simulator_context, else call): "
+                   "conversation adds the user's request and the whole tool list")
     p.add_argument("--summary-max-new-tokens", type=int, default=96, help="per model-written rehearsal memory")
     p.add_argument("--rehearsal-temperature", type=float, default=0.7)
     p.add_argument("--temperature", type=float, default=0.0, help="committed run (0 = greedy)")
@@ -99,6 +102,7 @@ def _run(args: argparse.Namespace) -> int:
         tool_distractors=args.tool_distractors, tasks_per_world=args.tasks_per_world, fidelity_max_new_tokens=args.fidelity_max_new_tokens,
         summary_max_new_tokens=args.summary_max_new_tokens, device=args.device,
         rehearsal_temperature=args.rehearsal_temperature, temperature=args.temperature, max_batch=args.max_batch,
-        threads=args.threads, seed=args.seed, out=args.out, name=args.name)
+        threads=args.threads, seed=args.seed, out=args.out, name=args.name,
+        simulator_context=args.simulator_context)
     run_eval_job(job)
     return 0

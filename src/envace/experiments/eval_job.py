@@ -81,6 +81,7 @@ class EvalJob:
     max_new_tokens: int | None = None  # caller turns
     sim_max_new_tokens: int | None = None  # rehearsed tool responses during rehearsal
     fidelity_max_new_tokens: int = 256  # rehearsed tool responses for fidelity (real ones run long)
+    simulator_context: str | None = None  # call | conversation (None: the run's prompt style, else call)
     summary_max_new_tokens: int = 96
     memory_max_chars: int = 600
     rehearsal_temperature: float = 0.7
@@ -355,7 +356,10 @@ def run_eval_job(job: EvalJob, log=print) -> RunDir:
     sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch, job.device)
     run = RunDir.create(job.out, "eval", job_config(job, models, budget), seed=job.seed, name=job.name)
     log(f"run directory: {run.path}")
-    parts = build_parts(job, caller, sim, models.style)
+    style = models.style or PromptStyle()
+    if job.simulator_context is not None:
+        style = dataclasses.replace(style, simulator_context=job.simulator_context)
+    parts = build_parts(job, caller, sim, style)
     t0 = time.perf_counter()
     if job.runs_testtime:
         run_testtime_part(job, tasks, parts, run, log)
