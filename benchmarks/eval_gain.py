@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         runs_of.setdefault(source, []).append(by_step)
         before.setdefault(source, {}).update({(str(path), t): v for t, v in a.items()})
         after.setdefault(source, {}).update({(str(path), t): v for t, v in b.items()})
-        lines.append(f"| {path} | {n} | {sum(a.values()) / len(a):.3f} ({'start run' if first == -1 else f'step {first}'}) | "
+        where = "start run" if first == -1 else f"step {first}"
+        lines.append(f"| {path} | {n} | {sum(a.values()) / len(a):.3f} ({where}) | "
                      f"{sum(b.values()) / len(b):.3f} (step {last}) | {gain:+.3f} ({se:.3f}) |")
     for source, members in runs_of.items():
         if len(members) > 1:

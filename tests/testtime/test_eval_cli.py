@@ -177,7 +177,8 @@ def test_fidelity_can_show_the_simulator_the_conversation(capsys, tmp_path, monk
     real_render = sources.render_simulator_prompt
 
     def spy(tok, task, call, earlier, style):
-        seen.append((task.instruction, style.simulator_context, tok.decode(real_render(tok, task, call, earlier, style))))
+        text = tok.decode(real_render(tok, task, call, earlier, style))
+        seen.append((task.instruction, style.simulator_context, text))
         return real_render(tok, task, call, earlier, style)
 
     monkeypatch.setattr(sources, "render_simulator_prompt", spy)

@@ -198,7 +198,8 @@ class TrainConfig(_Section):
     bench: BenchTrainConfig | None = Field(None, description="train on a paper benchmark's entries (its scorer "
                                            "as reward, its environment for the eval) instead of `worlds`")
     out: str = "runs"
-    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: one per idle core when the job starts)")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: one per idle core, "
+                                "checked again between steps)")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$",
                         description="torch device of a one-process run: auto (cuda when available, else cpu), "
                         "cpu, cuda, cuda:1, mps; under accelerate launch each rank takes its own")

@@ -173,8 +173,9 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
             source = make_source("rehearsal", backend, gen, cfg.seed)
             source.record_samples = False
         try:
+            progress = log_turns(log, "  eval: ", cfg.rollout.max_turns) if log else None
             trajs, _ = run_episodes(mine, actor, source, RolloutConfig(group_size=k, max_turns=cfg.rollout.max_turns),
-                                    judge=judge, on_turn=log_turns(log, "  eval: ", cfg.rollout.max_turns) if log else None)
+                                    judge=judge, on_turn=progress)
         finally:
             if kind == "real" and real is None:
                 source.close()
