@@ -1,21 +1,15 @@
 """benchmarks/eval_gain.py pairs a run's final eval with the start eval of the run whose warm start
 it shares (eval.at_start: false), on real run directories."""
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 from envace.experiments.rundir import RunDir
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _eval_gain():
-    spec = importlib.util.spec_from_file_location("eval_gain", ROOT / "benchmarks" / "eval_gain.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import eval_gain  # noqa: E402
 
 
 def _run(root, name, source, evals):
@@ -28,7 +22,7 @@ def test_a_run_without_its_own_start_eval_pairs_with_the_start_run(tmp_path, cap
     base = _run(tmp_path, "base", "rehearsal", [(0, "a", 0.0), (0, "a", 1.0), (0, "b", 0.0), (0, "b", 0.0),
                                                 (10, "a", 1.0), (10, "a", 1.0), (10, "b", 1.0), (10, "b", 0.0)])
     real = _run(tmp_path, "real", "real", [(10, "a", 1.0), (10, "a", 0.0), (10, "b", 0.0), (10, "b", 0.0)])
-    gain = _eval_gain()
+    gain = eval_gain
     assert gain.main([str(base), str(real), "--start", str(base)]) == 0
     out = capsys.readouterr().out
     assert f"| {base} | 2 | 0.250 (start run) | 0.750 (step 10) | +0.500 (0.000) |" in out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -40,7 +39,8 @@ def run_rollout_job(job: RolloutJob) -> RunDir:
     real_world = job.world if job.task_file else None
     tasks = select_tasks(None if job.task_file else (job.world or "shop"), split, job.tasks, job.task_file,
                          real_world=real_world)
-    apply_threads(job.threads, partial(print, flush=True))
+    say = partial(print, flush=True)
+    apply_threads(job.threads, say)
     run = RunDir.create(job.out, "rollout", asdict(job), seed=job.seed)
     print(f"run directory: {run.path}")
     gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.max_new_tokens,
@@ -53,7 +53,7 @@ def run_rollout_job(job: RolloutJob) -> RunDir:
     try:
         trajs, stats = run_episodes(tasks, make_actor(policy, gen, job.seed), source,
                                     RolloutConfig(group_size=job.group_size, max_turns=job.max_turns),
-                                    on_turn=log_turns(partial(print, flush=True), max_turns=job.max_turns))
+                                    on_turn=log_turns(say, max_turns=job.max_turns))
     finally:
         close = getattr(source, "close", None)
         if callable(close):

@@ -261,9 +261,10 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
             log(f"warning: {over:.0%} of the oracle's {role} turns are longer than rollout.{role}_max_new_tokens="
                 f"{cap} (longest {max(lengths)} tokens): the policy cannot write them whole; raise the cap")
     t0 = time.perf_counter()
+    clock = clock or job_clock(cfg)
     if cfg.sft.copy_warmup_steps:
         vocab = data_vocabulary((s.prompt_ids + s.gen_ids for s in samples), limit=cfg.sft.copy_warmup_vocab)
-        bar = StepProgress("copy warm-up", total=cfg.sft.copy_warmup_steps, clock=clock or job_clock(cfg))
+        bar = StepProgress("copy warm-up", total=cfg.sft.copy_warmup_steps, clock=clock)
         results = [s.gen_ids for s in samples if s.role == "simulator"]  # the real tool results
         if cfg.sft.copy_warmup_data and not results:
             log("warning: sft.copy_warmup_data is ignored: the warm start has no simulator samples (real tool "
@@ -279,7 +280,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
         run.log_metrics({"phase": "sft", "step": 0, "copy/last_loss": cw.last_loss, "copy/accuracy": cw.accuracy,
                          "copy/seconds": time.perf_counter() - t0})
     log(f"SFT warm start: {len(tasks)} oracle trajectories, {len(samples)} samples, {cfg.sft.epochs} epochs")
-    bar = StepProgress("sft", total=None, clock=clock or job_clock(cfg))
+    bar = StepProgress("sft", total=None, clock=clock)
     stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
                     batch_samples=cfg.sft.batch_samples, schedule=cfg.sft.schedule,
                     seed=cfg.seed, pad_id=tokenizer.pad_token_id or 0,

@@ -49,12 +49,11 @@ def busy_cores(window_s: float = 0.3) -> float:
     t0 = time.perf_counter()
     time.sleep(window_s)
     b, own = _cpu_times(), _own_cpu_s() - own
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - t0  # > 0: it includes the sleep
     if b is None or b[1] <= a[1]:
         return 0.0
-    cores = os.cpu_count() or 1
-    busy = (b[0] - a[0]) / (b[1] - a[1]) * cores
-    return max(0.0, busy - own / wall if wall > 0 else busy)
+    busy = (b[0] - a[0]) / (b[1] - a[1]) * (os.cpu_count() or 1)
+    return max(0.0, busy - own / wall)
 
 
 def default_threads(window_s: float = 0.3) -> int:
@@ -63,12 +62,17 @@ def default_threads(window_s: float = 0.3) -> int:
     return max(1, min(cores, int(cores - busy_cores(window_s) + 0.5)))
 
 
+def _several_ranks() -> bool:
+    """Launched as one of several processes: they share the cores, the launcher's count stands."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def apply_threads(threads: int | None, log=None) -> int:
     """Set torch's thread count: ``threads`` when given, else :func:`default_threads`; returns it."""
     import torch
 
-    if not threads and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return torch.get_num_threads()  # several ranks share the cores: the launcher's choice stands
+    if not threads and _several_ranks():
+        return torch.get_num_threads()
     n = threads or default_threads()
     torch.set_num_threads(n)
     if log is not None and not threads:
@@ -88,7 +92,7 @@ class AdaptiveThreads:
     def check(self) -> int:
         import torch
 
-        if self.fixed or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if self.fixed or _several_ranks():
             return self.current
         if time.perf_counter() - self._last < self.every_s:
             return self.current
