@@ -62,10 +62,12 @@ def _train_rows(run: RunDir):
 
 
 def test_train_writes_a_complete_run_and_resume_reproduces_the_next_step(tmp_path):
-    full = train(load_config(_cfg(tmp_path, report_to=["tensorboard"]), ["steps=3", "out=" + str(tmp_path / "a")]),
-                 log=lambda *_: None)
+    warm = {"lr": 1e-3, "warmup_steps": 2}  # the lr ramp must survive the resume too
+    full = train(load_config(_cfg(tmp_path, report_to=["tensorboard"], grpo=warm),
+                             ["steps=3", "out=" + str(tmp_path / "a")]), log=lambda *_: None)
     rows = _train_rows(full)
     assert sorted(rows) == [1, 2, 3]
+    assert [rows[s]["policy/lr"] for s in (1, 2, 3)] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3])
     for name in ("config.yaml", "meta.json", "trajectories.jsonl", "metrics.jsonl", "evals.jsonl",
                  "summary.md", "learning_curve.png"):
         assert (full.path / name).exists(), name
@@ -78,7 +80,7 @@ def test_train_writes_a_complete_run_and_resume_reproduces_the_next_step(tmp_pat
     _assert_tensorboard_mirrors(full, evals)
 
     # A run stopped after step 2, then resumed, does the same step 3 as the uninterrupted run.
-    part = train(load_config(_cfg(tmp_path), ["out=" + str(tmp_path / "b")]), log=lambda *_: None)
+    part = train(load_config(_cfg(tmp_path, grpo=warm), ["out=" + str(tmp_path / "b")]), log=lambda *_: None)
     assert sorted(_train_rows(part)) == [1, 2]
     for k in ("reward", "policy/loss"):
         assert _train_rows(part)[1][k] == pytest.approx(rows[1][k], abs=1e-6)  # same seed, same first step
@@ -89,7 +91,7 @@ def test_train_writes_a_complete_run_and_resume_reproduces_the_next_step(tmp_pat
     resumed = train(resumed_cfg, resume=part.path, log=lambda *_: None)
     again = _train_rows(resumed)
     assert sorted(again) == [1, 2, 3]
-    for k in ("reward", "policy/loss"):
+    for k in ("reward", "policy/loss", "policy/lr"):
         assert again[3][k] == pytest.approx(rows[3][k], rel=1e-4, abs=1e-6), k
 
 

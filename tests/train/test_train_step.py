@@ -240,3 +240,10 @@ def test_merging_a_trajectorys_turns_gives_the_same_gradient():
     assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5)
     for a, b in zip(grads[0][1], grads[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_grpo_warmup_ramps_the_learning_rate_then_holds_it():
+    from envace.train.step import warmup_lr
+
+    assert [warmup_lr(3e-5, k, 2) for k in (1, 2, 3, 9)] == pytest.approx([1e-5, 2e-5, 3e-5, 3e-5])
+    assert warmup_lr(3e-5, 1, 0) == 3e-5

@@ -57,6 +57,9 @@ class RolloutSettings(_Section):
 
 class GRPOConfig(_Section):
     lr: float = Field(1e-4, gt=0)
+    warmup_steps: int = Field(0, ge=0, description="GRPO steps whose learning rate ramps linearly up to `lr` "
+                              "(step k of n at lr*k/(n+1)): a fresh Adam moves every weight by about lr on its "
+                              "first steps whatever the gradient, which can undo a warm start")
     clip: float = Field(0.2, gt=0)
     agg: Literal["token_mean", "seq_mean"] = "token_mean"
     norm_by_std: bool = False

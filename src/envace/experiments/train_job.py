@@ -50,7 +50,7 @@ from envace.train.copy_warmup import copy_warmup, data_vocabulary
 from envace.train.grpo_loss import recompute_logprobs
 from envace.train.sft import oracle_sft_samples, run_sft, target_turn_lengths
 from envace.train import distributed as dist
-from envace.train.step import UpdaterConfig, update_for_mode, updaters_for_mode
+from envace.train.step import UpdaterConfig, update_for_mode, updaters_for_mode, warmup_lr
 
 SFT_DIR = "sft"
 CKPT_DIR = "checkpoints"
@@ -551,7 +551,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
                                                 empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
                                                 format_bonus=cfg.grpo.sim_format_reward)
-        ustats = update_for_mode(models.spec, st.updaters, scored)
+        ustats = update_for_mode(models.spec, st.updaters, scored,
+                                 lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps))
         backends.sync()  # the serving engine generates the next rollouts with the new weights
         t_total = time.perf_counter() - t0
         rolled = dist.gather_objects(acc, [(tok_s, t_roll)])

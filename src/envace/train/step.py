@@ -298,12 +298,25 @@ def updaters_for_mode(
     return out
 
 
+def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
+    """The learning rate of GRPO step ``step`` (1-based): ``lr * step / (warmup_steps + 1)`` during
+    the warm-up, ``lr`` after. A function of the step alone, so a resumed run needs no scheduler
+    state to continue the ramp."""
+    if warmup_steps <= 0 or step > warmup_steps:
+        return lr
+    return lr * max(step, 1) / (warmup_steps + 1)
+
+
 def update_for_mode(
-    spec: ModeSpec, updaters: Mapping[str, GRPOUpdater], scored: Sequence[ScoredSample]
+    spec: ModeSpec, updaters: Mapping[str, GRPOUpdater], scored: Sequence[ScoredSample], lr: float | None = None
 ) -> dict[str, float]:
-    """Step every trained model on its own samples; stats keys are prefixed ``<model>/``."""
+    """Step every trained model on its own samples; stats keys are prefixed ``<model>/``.
+    ``lr``: this step's learning rate for every optimiser (None: leave it as it is)."""
     stats: dict[str, float] = {}
     for key, samples in spec.split_by_model(scored).items():
+        if lr is not None:
+            for group in updaters[key].optimizer.param_groups:
+                group["lr"] = lr
         for name, value in updaters[key].step(samples).items():
             stats[f"{key}/{name}"] = value
     return stats
