@@ -271,6 +271,14 @@ def test_the_simulator_role_can_sample_at_its_own_temperature(tmp_path):
         load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "simulator_temperature": -1}))
 
 
+def test_bf16_rollouts_train_with_log_probs_recomputed_by_the_fp32_trainer(tmp_path):
+    run = train(load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "dtype": "bfloat16"}),
+                            ["steps=1", "sft.enabled=false", "out=" + str(tmp_path / "r")]), log=lambda *_: None)
+    row = _train_rows(run)[1]
+    # The rollouts' bf16 log-probs were replaced by the trainer's fp32 ones: the gap is bf16 rounding.
+    assert 0 < row["logprob_gap_max"] < 0.5, row["logprob_gap_max"]
+
+
 def test_the_truncation_warning_says_when_cut_off_turns_are_decoding_loops(tmp_path):
     """Turns cut off while repeating a span (greedy loops) call for another remedy than turns
     that are longer than the cap; the warning names the right one."""

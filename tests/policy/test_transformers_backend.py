@@ -187,3 +187,31 @@ def test_generates_with_a_peft_model(chat_prompts: list[list[int]]) -> None:
         torch.testing.assert_close(
             torch.tensor(gen.logprobs), recomputed_logprobs(backend, prompt, gen, 1.0), atol=1e-4, rtol=0
         )
+
+
+def test_a_bf16_backend_samples_from_a_cast_copy_that_follows_the_trained_weights(
+    tiny: TransformersBackend, chat_prompts: list[list[int]]
+) -> None:
+    import copy
+
+    model = copy.deepcopy(tiny.model)  # stepped below; the session fixture stays as it was
+    full = TransformersBackend(model, tiny.tokenizer)
+    low = TransformersBackend(model, tiny.tokenizer, dtype=torch.bfloat16)
+    sampled = SamplingParams(max_new_tokens=16, temperature=1.0, seed=3)
+    got = low.generate(chat_prompts, sampled)
+    # The trainer's model is untouched; generation ran on a bf16 copy whose buffers (rotary
+    # frequencies) kept their precision.
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert low._low is not None and all(p.dtype == torch.bfloat16 for p in low._low.parameters())
+    assert all(b.dtype == b0.dtype for b, b0 in zip(low._low.buffers(), model.buffers()))
+    # Its log-probs are the bf16 model's: close to the fp32 model's scores of the same tokens, not equal.
+    gaps = torch.cat([(torch.tensor(g.logprobs) - recomputed_logprobs(full, p, g, 1.0)).abs()
+                      for p, g in zip(chat_prompts, got)])
+    assert 0 < gaps.mean() < 0.05, gaps.mean()
+
+    # A trainer steps the fp32 model in place: the next generate() samples from the new weights.
+    target = 42
+    with torch.no_grad():
+        model.get_output_embeddings().weight[target] += 50.0
+    after = low.generate(chat_prompts, GREEDY)
+    assert all(set(g.token_ids) == {target} for g in after)

@@ -112,8 +112,9 @@ def test_eval_sweep_fidelity_and_report_end_to_end(capsys, tmp_path):
 
 
 def test_single_condition_run(capsys, tmp_path):
+    # in bf16: the rehearsals and the committed run generate with a cast copy of the model
     code, _, err = run_cli(capsys, "eval", "--model", "tiny", "--tasks", "1", "--rehearse", "parallel", "--budget",
-                           "2", "--memory", "rule", "--out", str(tmp_path), "--name", "p", *FAST)
+                           "2", "--memory", "rule", "--dtype", "bfloat16", "--out", str(tmp_path), "--name", "p", *FAST)
     assert code == 0, err
     rows = [json.loads(x) for x in (tmp_path / "p" / "committed.jsonl").read_text().splitlines()]
     assert [r["condition"] for r in rows] == ["parallel-2"]

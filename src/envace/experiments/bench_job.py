@@ -48,6 +48,7 @@ class BenchJob:
     chunk: int | None = None  # items run (and written) together; None: max_batch. A crash loses one chunk
     threads: int | None = None  # torch CPU threads (None: torch's default)
     device: str = "cpu"
+    dtype: str = "float32"  # generation: float32 | bfloat16 (a cast copy of the model)
     seed: int = 0
     out: str = "runs"
     name: str | None = None
@@ -129,7 +130,7 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
     apply_threads(job.threads, print)
 
     def load(spec: str):
-        return load_eval_backend(spec, job.max_batch, job.device)
+        return load_eval_backend(spec, job.max_batch, job.device, job.dtype)
 
     policy = backend if backend is not None else load(job.model)
     source = None  # real: the benchmark's environment

@@ -52,7 +52,12 @@ class RolloutSettings(_Section):
                                  "rows by index); false for vLLM/SGLang servers: one request per prompt, each "
                                  "with its own seed")
     recompute_logprobs: bool | None = Field(None, description="score the rollouts' tokens with the trainer's "
-                                            "model before the update; None: on for http and vllm backends")
+                                            "model before the update; None: on for http and vllm backends, "
+                                            "and when rollout.dtype differs from the trainer's")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="backend transformers: generate "
+                                                  "rollouts and evals with a copy of the policy in this dtype "
+                                                  "(bfloat16: faster on CPUs with AVX512-BF16 and on GPUs); the "
+                                                  "trainer keeps its own weights and recomputes the log-probs")
 
 
 class GRPOConfig(_Section):

@@ -90,6 +90,7 @@ class EvalJob:
     seed: int = 0
     threads: int | None = None
     device: str = "cpu"
+    dtype: str = "float32"  # generation: float32 | bfloat16 (a cast copy of the model)
     out: str = "runs"
     name: str | None = None
 
@@ -352,8 +353,8 @@ def run_eval_job(job: EvalJob, log=print) -> RunDir:
     from envace.policy.threads import apply_threads
 
     apply_threads(job.threads, log)
-    caller = load_eval_backend(models.caller, job.max_batch, job.device)
-    sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch, job.device)
+    caller = load_eval_backend(models.caller, job.max_batch, job.device, job.dtype)
+    sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch, job.device, job.dtype)
     run = RunDir.create(job.out, "eval", job_config(job, models, budget), seed=job.seed, name=job.name)
     log(f"run directory: {run.path}")
     style = models.style or PromptStyle()

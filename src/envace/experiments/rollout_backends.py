@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from envace.experiments.config import TrainConfig
@@ -35,6 +36,11 @@ def _http(url: str, tok: Any, batches: bool) -> Any:
     return HTTPBackend(url, tok, batch_prompts=batches, max_concurrency=1 if batches else 8, timeout=600.0)
 
 
+def generation_dtype(cfg: TrainConfig) -> torch.dtype | None:
+    """The dtype in-process generation runs in, when not the trainer's (fp32)."""
+    return torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else None
+
+
 def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: Any, device: Any,
                      run_path: Path) -> RolloutBackends:
     """``sim_model``: the simulator role's model (the frozen start model under source simulator)."""
@@ -43,10 +49,12 @@ def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: A
     same = sim_model is caller_model  # share / frozen_caller: one model plays both roles
     sim_trained = any(m is sim_model for m in models.trained.values())
     sync_dir = run_path / "sync"
-    recompute = r.recompute_logprobs if r.recompute_logprobs is not None else r.backend != "transformers"
+    low = generation_dtype(cfg)
+    recompute = r.recompute_logprobs if r.recompute_logprobs is not None else (
+        r.backend != "transformers" or low is not None)
 
     def local(model: nn.Module) -> TransformersBackend:
-        return TransformersBackend(model, tok, device=device, max_batch=r.max_batch)
+        return TransformersBackend(model, tok, device=device, max_batch=r.max_batch, dtype=low)
 
     def frozen_sim() -> Any:  # an external simulator endpoint, as in the reference, or in process
         return _http(r.simulator_url, tok, r.server_batches) if r.simulator_url else local(sim_model)

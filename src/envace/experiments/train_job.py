@@ -26,7 +26,7 @@ from envace.experiments.metrics_log import MetricsLog
 from envace.experiments.trackers import json_config, make_trackers
 from envace.envs.registry import spec_label
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
-from envace.experiments.rollout_backends import rollout_backends
+from envace.experiments.rollout_backends import generation_dtype, rollout_backends
 from envace.experiments.models import RunModels, frozen_copy, load_policy, split_for_mode, with_lora
 from envace.experiments.progress import JobClock, StepProgress
 from envace.experiments.rundir import RunDir
@@ -161,7 +161,8 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
     listed) once per run; without one, a source is made and closed here. ``log``: a line per turn.
     On several processes each rank runs its share of the tasks; every rank gets all of them."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
-    backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch)
+    backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch,
+                                  dtype=generation_dtype(cfg))
     mine, actor = dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed)
     k = cfg.eval.samples
     if bench is not None:

@@ -13,6 +13,7 @@ rollout's generation time on CPU (profiled for issue #6), so this is where batch
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -41,11 +42,17 @@ class TransformersBackend:
         tokenizer: PreTrainedTokenizerBase,
         device: str | torch.device = "cpu",
         max_batch: int = 16,
+        dtype: torch.dtype | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        # Generate with a copy of the model in ``dtype`` (e.g. bfloat16 on a CPU with AVX512-BF16):
+        # ``model`` stays what a trainer steps; its trainable weights are copied over before each
+        # generate() call, so the copy always samples from the current policy.
+        self.dtype = dtype
+        self._low: PreTrainedModel | None = None
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -76,23 +83,42 @@ class TransformersBackend:
         # prompt's original index, so this reordering never changes what is sampled.
         order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), list(prompts[i])))
         results: list[Generation | None] = [None] * len(prompts)
-        was_training = self.model.training
-        self.model.eval()  # no dropout while sampling, even if a trainer left it in train mode
+        model = self._generating_model()
+        was_training = model.training
+        model.eval()  # no dropout while sampling, even if a trainer left it in train mode
         try:
             with torch.inference_mode():
                 for start in range(0, len(order), self.max_batch):
                     chunk = order[start : start + self.max_batch]
-                    outs = self._generate_batch([prompts[i] for i in chunk], chunk, params)
+                    outs = self._generate_batch(model, [prompts[i] for i in chunk], chunk, params)
                     for i, out in zip(chunk, outs):
                         results[i] = out
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
         return results  # type: ignore[return-value]
+
+    def _generating_model(self) -> PreTrainedModel:
+        """The model itself, or its copy in ``self.dtype`` with the current trainable weights."""
+        if self.dtype is None or all(p.dtype == self.dtype for p in self.model.parameters()):
+            return self.model
+        if self._low is None:
+            self._low = copy.deepcopy(self.model)
+            # Parameters only: buffers (e.g. rotary inv_freq) keep their precision, as from_pretrained keeps them.
+            for p in self._low.parameters():
+                p.data = p.data.to(self.dtype)
+                p.requires_grad_(False)
+            return self._low
+        low = dict(self._low.named_parameters())
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if p.requires_grad:  # frozen weights (a LoRA model's base) never change
+                    low[name].copy_(p.detach())
+        return self._low
 
     # ------------------------------------------------------------------ decode loop
 
     def _generate_batch(
-        self, prompts: Sequence[list[int]], indices: Sequence[int], params: SamplingParams
+        self, model: PreTrainedModel, prompts: Sequence[list[int]], indices: Sequence[int], params: SamplingParams
     ) -> list[Generation]:
         n = len(prompts)
         generators = None
@@ -100,16 +126,16 @@ class TransformersBackend:
             generators = [
                 torch.Generator(device=self.device).manual_seed(row_seed(params.seed, i)) for i in indices
             ]
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=model.config)
         plan = plan_shared_prefixes(prompts) if self.share_prefixes else None
         if plan is None:
             input_ids, attention = pad_rows(prompts, self.pad_id)
             # Positions count real tokens only, so a padded row sees the positions it would alone.
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
             input_ids, attention, positions = (t.to(self.device) for t in (input_ids, attention, positions))
-            logits = self._forward(input_ids, attention, positions, cache, last_only=True)
+            logits = self._forward(model, input_ids, attention, positions, cache, last_only=True)
         else:
-            logits, attention = self._prefill_shared(prompts, plan, cache)
+            logits, attention = self._prefill_shared(model, prompts, plan, cache)
         next_position = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
 
         tokens: list[list[int]] = [[] for _ in range(n)]
@@ -134,12 +160,12 @@ class TransformersBackend:
                 attention, next_position, chosen = attention[keep_index], next_position[keep_index], chosen[keep_index]
                 running = [running[j] for j in keep]
             attention = torch.cat([attention, attention.new_ones((len(running), 1))], dim=-1)
-            logits = self._forward(chosen[:, None], attention, next_position[:, None], cache, last_only=False)
+            logits = self._forward(model, chosen[:, None], attention, next_position[:, None], cache, last_only=False)
             next_position = next_position + 1
         return done  # type: ignore[return-value]
 
     def _prefill_shared(
-        self, prompts: Sequence[list[int]], plan: "PrefixPlan", cache: DynamicCache
+        self, model: PreTrainedModel, prompts: Sequence[list[int]], plan: "PrefixPlan", cache: DynamicCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Phase 1: each group's shared prefix once (one row per group). Phase 2: the cache rows
         are copied out to one per prompt, and every prompt's suffix (at least one token) runs on
@@ -147,16 +173,17 @@ class TransformersBackend:
         ``[pad][prefix][pad][suffix]``; the attention mask hides both pads. Returns the last
         prompt position's logits and that mask."""
         x = prefix_inputs(prompts, plan, self.pad_id, "left")
-        self._forward(x.head_ids.to(self.device), x.head_mask.to(self.device), x.head_pos.to(self.device), cache,
-                      last_only=True)
+        self._forward(model, x.head_ids.to(self.device), x.head_mask.to(self.device), x.head_pos.to(self.device),
+                      cache, last_only=True)
         cache.batch_select_indices(x.group.to(self.device))
         attention = x.attention.to(self.device)
-        logits = self._forward(x.tail_ids.to(self.device), attention, x.tail_pos.to(self.device), cache,
+        logits = self._forward(model, x.tail_ids.to(self.device), attention, x.tail_pos.to(self.device), cache,
                                last_only=True)
         return logits, attention
 
     def _forward(
         self,
+        model: PreTrainedModel,
         input_ids: torch.Tensor,
         attention: torch.Tensor,
         positions: torch.Tensor,
@@ -164,7 +191,7 @@ class TransformersBackend:
         last_only: bool,
     ) -> torch.Tensor:
         extra = {"logits_to_keep": 1} if last_only else {}  # skip the vocab projection of the prompt
-        out = self.model(
+        out = model(
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
