@@ -12,7 +12,9 @@ the peak after a warm-up and one full update over the same oracle samples:
 * ``smollm2``: SmolLM2-135M, full fine-tuning, GRPO update, ``micro_batch_tokens`` 4096 (the
   updater's default); ``smollm2-8k``: the same at 8192;
 * ``smollm2-plain``: SmolLM2 with the plain loop (logits at every position) for comparison;
-* ``smollm2-lora``: SmolLM2 with a LoRA adapter (r=16, all linear layers), GRPO update.
+* ``smollm2-lora``: SmolLM2 with a LoRA adapter (r=16, all linear layers), GRPO update;
+  ``smollm2-lora-2k`` / ``-1k``: the same at 2048 / 1024 tokens per micro-batch (activations,
+  which dominate, scale with it; configs/smollm2_cpu.yaml uses 2048).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ CASES = {
     "smollm2-8k": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "8192"],
     "smollm2-plain": ["--model", "smollm2", "--only", "plain", "--micro-batch-tokens", "4096"],
     "smollm2-lora": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "4096", "--lora"],
+    "smollm2-lora-2k": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "2048", "--lora"],
+    "smollm2-lora-1k": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "1024", "--lora"],
 }
 
 
