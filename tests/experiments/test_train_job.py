@@ -272,7 +272,10 @@ def test_the_simulator_role_can_sample_at_its_own_temperature(tmp_path):
 
 
 def test_bf16_rollouts_train_with_log_probs_recomputed_by_the_fp32_trainer(tmp_path):
-    run = train(load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "dtype": "bfloat16"}),
+    # kl_coef > 0: every sample is recomputed (without it only those with an advantage, and the
+    # untrained tiny model's rewards are all 0)
+    run = train(load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "dtype": "bfloat16"},
+                                 grpo={"lr": 1e-3, "kl_coef": 0.01}),
                             ["steps=1", "sft.enabled=false", "out=" + str(tmp_path / "r")]), log=lambda *_: None)
     row = _train_rows(run)[1]
     # The rollouts' bf16 log-probs were replaced by the trainer's fp32 ones: the gap is bf16 rounding.

@@ -302,16 +302,19 @@ class TrainState:
     accelerator: Any | None = None  # several processes (accelerate); None: one process
 
 
-def _recompute_logprobs(cfg: TrainConfig, models: RunModels, tok: Any, trajs: list[Trajectory]) -> float:
-    """The trained roles' rollout log-probs, scored again by the trainer (see grpo_loss.recompute_logprobs)."""
+def _recompute_logprobs(cfg: TrainConfig, models: RunModels, tok: Any, scored: list) -> float:
+    """The trained roles' rollout log-probs, scored again by the trainer (see grpo_loss.recompute_logprobs),
+    for the samples the update will use: without a KL term a zero-advantage sample adds nothing and
+    the updater skips it, so its log-probs are never read."""
     ucfg = _updater_config(cfg, tok)
     temps = ucfg.role_temperatures()
+    every = ucfg.kl_coef > 0 or not ucfg.skip_zero_advantage
     gap = 0.0
     for role in ("caller", "simulator"):
         model = models.for_role(role)
         if not any(model is m for m in models.trained.values()):
             continue
-        samples = [s for t in trajs for s in t.samples if s.role == role]
+        samples = [x.sample for x in scored if x.sample.role == role and (every or x.advantage != 0)]
         if samples:
             temp = temps[role] if isinstance(temps, dict) else temps
             gap = max(gap, recompute_logprobs(model, samples, temp, ucfg.pad_id, ucfg.micro_batch_tokens))
@@ -547,11 +550,11 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                          judge=judge)
             tok_s = rstats.tokens_per_second
         t_roll = time.perf_counter() - t0
-        gap = _recompute_logprobs(cfg, models, tok, trajs) if backends.recompute else None
         # Advantages centred over every rank's samples of each (task, role) group.
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
                                                 empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
                                                 format_bonus=cfg.grpo.sim_format_reward)
+        gap = _recompute_logprobs(cfg, models, tok, scored) if backends.recompute else None
         ustats = update_for_mode(models.spec, st.updaters, scored,
                                  lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps))
         backends.sync()  # the serving engine generates the next rollouts with the new weights

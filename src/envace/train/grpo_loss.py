@@ -326,7 +326,7 @@ def recompute_logprobs(model: nn.Module, samples: Sequence[TurnSample], temperat
     gap = 0.0
     for mb in split_micro_batches(wrapped, micro_batch_tokens):
         packed = pack_samples(mb, pad_id)
-        logp, _ = token_logprobs(model, packed, temperature, share_prefixes=False)
+        logp, _ = token_logprobs(model, packed, temperature)  # shared prompt prefixes run once, as in the loss
         for row, s in enumerate(mb):
             mask = packed.token_mask[row]
             lo = int(mask.nonzero()[0]) if mask.any() else 0
