@@ -61,7 +61,8 @@ def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: A
 
     if r.backend == "transformers":
         caller = local(caller_model)
-        sim = frozen_sim() if not sim_trained and not same else local(sim_model)
+        # one model playing both roles: one backend (and one bf16 copy under rollout.dtype)
+        sim = caller if same else frozen_sim() if not sim_trained else local(sim_model)
         return RolloutBackends(caller, sim, recompute=recompute)
     if r.backend == "http":
         if not r.server_url:
