@@ -121,24 +121,17 @@ def resolve_eval_models(spec: str) -> EvalModels:
                      f"at its top or in policy/ or caller/{held}; it holds {entries}")
 
 
-GENERATION_DTYPES = ("float32", "bfloat16")
-
-
 def load_eval_backend(spec: str, max_batch: int = 16, device: str = "cpu", dtype: str = "float32") -> Any:
     """Load a backend, turning any loading failure (a checkpoint that does not match its base,
     a corrupt file) into a one-line ValueError. ``dtype``: what generation runs in (the weights
     load in fp32, as training saw them, and a copy is cast: the same path as rollout.dtype)."""
-    import torch
-
     from envace.policy.loading import ModelSpecError, load_model
-    from envace.policy.transformers_backend import TransformersBackend
+    from envace.policy.transformers_backend import TransformersBackend, generation_dtype
 
-    if dtype not in GENERATION_DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(GENERATION_DTYPES)}, got {dtype!r}")
+    low = generation_dtype(dtype)
     try:
         model, tokenizer = load_model(spec)
-        return TransformersBackend(model, tokenizer, max_batch=max_batch, device=device,
-                                   dtype=torch.bfloat16 if dtype == "bfloat16" else None)
+        return TransformersBackend(model, tokenizer, max_batch=max_batch, device=device, dtype=low)
     except (ModelSpecError, FileNotFoundError):  # already name the spec and say what is accepted
         raise
     except Exception as e:  # noqa: BLE001 - peft/safetensors/torch raise many kinds

@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from envace.experiments.config import TrainConfig
-from envace.policy.transformers_backend import TransformersBackend
+from envace.policy.transformers_backend import TransformersBackend, generation_dtype
 from envace.policy.weight_sync import WeightPusher
 
 
@@ -36,11 +35,6 @@ def _http(url: str, tok: Any, batches: bool) -> Any:
     return HTTPBackend(url, tok, batch_prompts=batches, max_concurrency=1 if batches else 8, timeout=600.0)
 
 
-def generation_dtype(cfg: TrainConfig) -> torch.dtype | None:
-    """The dtype in-process generation runs in, when not the trainer's (fp32)."""
-    return torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else None
-
-
 def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: Any, device: Any,
                      run_path: Path) -> RolloutBackends:
     """``sim_model``: the simulator role's model (the frozen start model under source simulator)."""
@@ -49,7 +43,7 @@ def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: A
     same = sim_model is caller_model  # share / frozen_caller: one model plays both roles
     sim_trained = any(m is sim_model for m in models.trained.values())
     sync_dir = run_path / "sync"
-    low = generation_dtype(cfg)
+    low = generation_dtype(r.dtype)
     recompute = r.recompute_logprobs if r.recompute_logprobs is not None else (
         r.backend != "transformers" or low is not None)
 

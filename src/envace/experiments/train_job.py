@@ -26,7 +26,7 @@ from envace.experiments.metrics_log import MetricsLog
 from envace.experiments.trackers import json_config, make_trackers
 from envace.envs.registry import spec_label
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
-from envace.experiments.rollout_backends import generation_dtype, rollout_backends
+from envace.experiments.rollout_backends import rollout_backends
 from envace.experiments.models import RunModels, frozen_copy, load_policy, split_for_mode, with_lora
 from envace.experiments.progress import JobClock, StepProgress
 from envace.experiments.rundir import RunDir
@@ -34,7 +34,7 @@ from envace.experiments.tasks import select_tasks
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
 from envace.policy.threads import AdaptiveThreads
-from envace.policy.transformers_backend import TransformersBackend
+from envace.policy.transformers_backend import TransformersBackend, generation_dtype
 from envace.rollout.engine import (
     RolloutConfig,
     Truncation,
@@ -162,7 +162,7 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
     On several processes each rank runs its share of the tasks; every rank gets all of them."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
     backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch,
-                                  dtype=generation_dtype(cfg))
+                                  dtype=generation_dtype(cfg.rollout.dtype))
     mine, actor = dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed)
     k = cfg.eval.samples
     if bench is not None:
@@ -302,22 +302,19 @@ class TrainState:
     accelerator: Any | None = None  # several processes (accelerate); None: one process
 
 
-def _recompute_logprobs(cfg: TrainConfig, models: RunModels, tok: Any, scored: list) -> float:
-    """The trained roles' rollout log-probs, scored again by the trainer (see grpo_loss.recompute_logprobs),
-    for the samples the update will use: without a KL term a zero-advantage sample adds nothing and
-    the updater skips it, so its log-probs are never read."""
-    ucfg = _updater_config(cfg, tok)
-    temps = ucfg.role_temperatures()
-    every = ucfg.kl_coef > 0 or not ucfg.skip_zero_advantage
+def _recompute_logprobs(cfg: TrainConfig, spec: Any, updaters: dict, tok: Any, scored: list) -> float:
+    """The rollout log-probs of the samples each update will run (``GRPOUpdater.forwarded``),
+    scored again by the model it trains (see grpo_loss.recompute_logprobs); the largest gap."""
+    temps = _updater_config(cfg, tok).role_temperatures()
     gap = 0.0
-    for role in ("caller", "simulator"):
-        model = models.for_role(role)
-        if not any(model is m for m in models.trained.values()):
-            continue
-        samples = [x.sample for x in scored if x.sample.role == role and (every or x.advantage != 0)]
-        if samples:
-            temp = temps[role] if isinstance(temps, dict) else temps
-            gap = max(gap, recompute_logprobs(model, samples, temp, ucfg.pad_id, ucfg.micro_batch_tokens))
+    for key, samples in spec.split_by_model(scored).items():
+        up = updaters[key]
+        for role in ("caller", "simulator"):
+            mine = [x.sample for x in up.forwarded(samples) if x.sample.role == role]
+            if mine:
+                temp = temps[role] if isinstance(temps, dict) else temps
+                gap = max(gap, recompute_logprobs(up.model, mine, temp, up.config.pad_id,
+                                                  up.config.micro_batch_tokens))
     return gap
 
 
@@ -554,7 +551,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
                                                 empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
                                                 format_bonus=cfg.grpo.sim_format_reward)
-        gap = _recompute_logprobs(cfg, models, tok, scored) if backends.recompute else None
+        gap = _recompute_logprobs(cfg, models.spec, st.updaters, tok, scored) if backends.recompute else None
         ustats = update_for_mode(models.spec, st.updaters, scored,
                                  lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps))
         backends.sync()  # the serving engine generates the next rollouts with the new weights

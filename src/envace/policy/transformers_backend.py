@@ -29,6 +29,16 @@ from envace.policy.sampling import FinishReason, Generation, SamplingParams
 _SEED_STRIDE = 0x9E3779B97F4A7C15
 
 
+# Generation dtypes by name (rollout.dtype, --dtype): None generates with the model as it is.
+GENERATION_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+def generation_dtype(name: str) -> torch.dtype | None:
+    if name not in GENERATION_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(GENERATION_DTYPES)}, got {name!r}")
+    return GENERATION_DTYPES[name]
+
+
 def row_seed(seed: int, index: int) -> int:
     return (seed * _SEED_STRIDE + index) % (1 << 63)
 
@@ -51,8 +61,10 @@ class TransformersBackend:
         # Generate with a copy of the model in ``dtype`` (e.g. bfloat16 on a CPU with AVX512-BF16):
         # ``model`` stays what a trainer steps; its trainable weights are copied over before each
         # generate() call, so the copy always samples from the current policy.
-        self.dtype = dtype
+        needs_copy = dtype is not None and any(p.dtype != dtype for p in model.parameters())
+        self.dtype = dtype if needs_copy else None
         self._low: PreTrainedModel | None = None
+        self._synced: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []  # (trainer's, copy's)
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -99,7 +111,7 @@ class TransformersBackend:
 
     def _generating_model(self) -> PreTrainedModel:
         """The model itself, or its copy in ``self.dtype`` with the current trainable weights."""
-        if self.dtype is None or all(p.dtype == self.dtype for p in self.model.parameters()):
+        if self.dtype is None:
             return self.model
         if self._low is None:
             self._low = copy.deepcopy(self.model)
@@ -107,12 +119,13 @@ class TransformersBackend:
             for p in self._low.parameters():
                 p.data = p.data.to(self.dtype)
                 p.requires_grad_(False)
+            low = dict(self._low.named_parameters())
+            # frozen weights (a LoRA model's base) never change: only trainable ones are copied again
+            self._synced = [(p, low[name]) for name, p in self.model.named_parameters() if p.requires_grad]
             return self._low
-        low = dict(self._low.named_parameters())
         with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                if p.requires_grad:  # frozen weights (a LoRA model's base) never change
-                    low[name].copy_(p.detach())
+            for src, dst in self._synced:
+                dst.copy_(src.detach())
         return self._low
 
     # ------------------------------------------------------------------ decode loop

@@ -149,6 +149,16 @@ class GRPOUpdater:
         weights = self.config.role_weights()
         return [s for s in scored if weights[s.role] != 0.0 and s.n_tokens > 0]
 
+    def forwarded(self, scored: Sequence[ScoredSample]) -> list[ScoredSample]:
+        """The selected samples the update runs: without a KL term a zero-advantage sample adds
+        nothing to the loss, so it gets no forward (it still counts in the normalisers)."""
+        skip = self.config.skip_zero_advantage and self.ref_model is None
+        return [s for s in self.select(scored) if not skip or s.advantage != 0.0]
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     @contextlib.contextmanager
     def _sync(self, last: bool) -> Iterator[None]:
         """Gradients are synchronised across ranks on the step's last backward only."""
@@ -187,11 +197,8 @@ class GRPOUpdater:
         # DDP / FSDP average gradients over ranks: scale the denominators by 1/N so the average is
         # the gradient of (sum of every rank's token losses) / (global count).
         normalizers = {r: totals[i] / world for i, r in enumerate(ROLES)}
-        skipped = 0
-        if cfg.skip_zero_advantage and self.ref_model is None:
-            kept = [s for s in batch if s.advantage != 0.0]
-            skipped = len(batch) - len(kept)
-            batch = kept
+        kept = self.forwarded(batch)
+        skipped, batch = len(batch) - len(kept), kept
         unmerged = len(batch)
         if cfg.merge_turns and cfg.agg == "token_mean":
             batch = merge_trajectory_turns(batch)
@@ -315,8 +322,7 @@ def update_for_mode(
     stats: dict[str, float] = {}
     for key, samples in spec.split_by_model(scored).items():
         if lr is not None:
-            for group in updaters[key].optimizer.param_groups:
-                group["lr"] = lr
+            updaters[key].set_lr(lr)
         for name, value in updaters[key].step(samples).items():
             stats[f"{key}/{name}"] = value
     return stats
