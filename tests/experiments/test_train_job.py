@@ -271,11 +271,13 @@ def test_the_simulator_role_can_sample_at_its_own_temperature(tmp_path):
         load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "simulator_temperature": -1}))
 
 
-def test_bf16_rollouts_train_with_log_probs_recomputed_by_the_fp32_trainer(tmp_path):
+@pytest.mark.parametrize("ppo_epochs", [1, 2])
+def test_bf16_rollouts_train_with_log_probs_recomputed_by_the_fp32_trainer(tmp_path, ppo_epochs):
     # kl_coef > 0: every sample is recomputed (without it only those with an advantage, and the
-    # untrained tiny model's rewards are all 0)
+    # untrained tiny model's rewards are all 0). One epoch: in the update's own forward; two: in a
+    # separate pass first, which the later epoch's ratio needs.
     run = train(load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "dtype": "bfloat16"},
-                                 grpo={"lr": 1e-3, "kl_coef": 0.01}),
+                                 grpo={"lr": 1e-3, "kl_coef": 0.01, "ppo_epochs": ppo_epochs}),
                             ["steps=1", "sft.enabled=false", "out=" + str(tmp_path / "r")]), log=lambda *_: None)
     row = _train_rows(run)[1]
     # The rollouts' bf16 log-probs were replaced by the trainer's fp32 ones: the gap is bf16 rounding.

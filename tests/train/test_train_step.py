@@ -247,3 +247,41 @@ def test_the_grpo_warmup_ramps_the_learning_rate_then_holds_it():
 
     assert [warmup_lr(3e-5, k, 2) for k in (1, 2, 3, 9)] == pytest.approx([1e-5, 2e-5, 3e-5, 3e-5])
     assert warmup_lr(3e-5, 1, 0) == 3e-5
+
+
+def _shifted(batch: list[ScoredSample], by: float) -> list[ScoredSample]:
+    """The batch as another engine (a bf16 copy, a server) would have scored it: log-probs off."""
+    out = []
+    for i, s in enumerate(batch):
+        smp = copy.deepcopy(s.sample)
+        smp.logprobs = [lp + (by if (i + k) % 2 else -by) for k, lp in enumerate(smp.logprobs)]
+        out.append(ScoredSample(sample=smp, advantage=s.advantage, reward=s.reward))
+    return out
+
+
+def test_old_logprobs_from_the_updates_own_forward_equal_a_recompute_first():
+    """old_logprobs='current' (one forward) gives the gradient of recomputing the sampler's
+    log-probs with the trainer first (two forwards), and reports the sampler's gap."""
+    from envace.train.grpo_loss import recompute_logprobs
+
+    model = make_tiny_model(5)
+    off = _shifted(random_scored_batch(model, 8, seed=21), 0.3)
+    grads = {}
+    for name in ("recomputed", "current", "stale"):
+        batch = copy.deepcopy(off)
+        if name == "recomputed":
+            recompute_logprobs(model, [s.sample for s in batch])
+        cfg = UpdaterConfig(clip=0.1, old_logprobs="current" if name == "current" else "sampler")
+        stats = GRPOUpdater(model, cfg).compute_gradients(batch)
+        grads[name] = {n: p.grad.clone() for n, p in model.named_parameters()}
+        if name == "current":
+            assert stats["logprob_gap_max"] == pytest.approx(0.3, abs=1e-4)
+            assert stats["ratio_mean"] == 1.0 and stats["clip_frac"] == 0.0
+        else:
+            assert "logprob_gap_max" not in stats
+    for n in grads["current"]:
+        torch.testing.assert_close(grads["current"][n], grads["recomputed"][n], atol=1e-7, rtol=1e-5)
+    # the sampler's shifted log-probs, left as they are, clip some tokens: another gradient
+    assert any(not torch.allclose(grads["stale"][n], grads["current"][n], atol=1e-6) for n in grads["current"])
+    with pytest.raises(ValueError, match="ppo_epochs must be 1"):
+        GRPOUpdater(model, UpdaterConfig(old_logprobs="current", ppo_epochs=2))

@@ -53,11 +53,20 @@ class RolloutSettings(_Section):
                                  "with its own seed")
     recompute_logprobs: bool | None = Field(None, description="score the rollouts' tokens with the trainer's "
                                             "model before the update; None: on for http and vllm backends, "
-                                            "and when rollout.dtype differs from the trainer's")
+                                            "and when rollout.dtype differs from the trainer's. With grpo.ppo_epochs 1 the "
+                                            "update's own forward does it (no separate pass)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="backend transformers: generate "
                                                   "rollouts and evals with a copy of the policy in this dtype "
                                                   "(bfloat16: faster on CPUs with AVX512-BF16 and on GPUs); the "
                                                   "trainer keeps its own weights and recomputes the log-probs")
+
+    @property
+    def recomputes_logprobs(self) -> bool:
+        """Whether the trainer scores the rollouts' tokens itself: asked for, or the rollouts come
+        from another engine (http, vllm) or another dtype than the trainer's fp32 weights."""
+        if self.recompute_logprobs is not None:
+            return self.recompute_logprobs
+        return self.backend != "transformers" or self.dtype != "float32"
 
 
 class GRPOConfig(_Section):

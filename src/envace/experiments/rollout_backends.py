@@ -44,8 +44,7 @@ def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: A
     sim_trained = any(m is sim_model for m in models.trained.values())
     sync_dir = run_path / "sync"
     low = generation_dtype(r.dtype)
-    recompute = r.recompute_logprobs if r.recompute_logprobs is not None else (
-        r.backend != "transformers" or low is not None)
+    recompute = r.recomputes_logprobs
 
     def local(model: nn.Module) -> TransformersBackend:
         return TransformersBackend(model, tok, device=device, max_batch=r.max_batch, dtype=low)

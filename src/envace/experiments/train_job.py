@@ -323,7 +323,15 @@ def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
     the sampler's temperatures (so new and old log-probs compare) and the pad id."""
     return UpdaterConfig.from_sections(cfg.grpo, temperature=cfg.rollout.temperature,
                                        simulator_temperature=cfg.rollout.simulator_temperature,
-                                       pad_id=tokenizer.pad_token_id or 0)
+                                       pad_id=tokenizer.pad_token_id or 0,
+                                       old_logprobs="current" if _own_forward_logprobs(cfg) else "sampler")
+
+
+def _own_forward_logprobs(cfg: TrainConfig) -> bool:
+    """Rollouts whose log-probs the trainer must score itself, updated once per batch: the update's
+    own forward gives those log-probs (the PPO ratio is 1 at the first optimiser step), so no
+    separate scoring pass runs. With several ``ppo_epochs`` the later epochs need them stored first."""
+    return cfg.rollout.recomputes_logprobs and cfg.grpo.ppo_epochs == 1
 
 
 def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any | None = None,
@@ -551,7 +559,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
                                                 empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
                                                 format_bonus=cfg.grpo.sim_format_reward)
-        gap = _recompute_logprobs(cfg, models.spec, st.updaters, tok, scored) if backends.recompute else None
+        own = _own_forward_logprobs(cfg)
+        gap = _recompute_logprobs(cfg, models.spec, st.updaters, tok, scored) if backends.recompute and not own else None
         ustats = update_for_mode(models.spec, st.updaters, scored,
                                  lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps))
         backends.sync()  # the serving engine generates the next rollouts with the new weights
@@ -567,6 +576,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                "rollout_s": max(r[1] for r in rolled),
                                "update_s": t_total - t_roll, "step_s": t_total}
         row.update(truncated_fractions(trajs))
+        if own:  # the update measured it in its forward
+            gap = max((v for k, v in ustats.items() if k.endswith("/logprob_gap_max")), default=0.0)
         if gap is not None:
             row["logprob_gap_max"] = gap  # engine vs trainer, on this rank's samples
         watch_train.add(trajs)

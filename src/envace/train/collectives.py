@@ -81,7 +81,7 @@ def merge_rank_stats(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float
             out[key] = sum(values) / n
         elif head in _SUM_PREFIX:
             out[key] = sum(values)
-        elif key in ("ratio_max", "micro_batches"):
+        elif key in ("ratio_max", "logprob_gap_max", "micro_batches"):
             out[key] = max(values)
         elif key in _TOKEN_WEIGHTED:
             present = [(s[key], s.get("tokens", 0.0)) for s in per_rank if key in s]

@@ -22,12 +22,14 @@ from envace.train.batching import PackedBatch, pack_samples, split_micro_batches
 LossAgg = Literal["token_mean", "seq_mean"]
 # The sampler's temperature: one for every sample, or one per role.
 Temperature = float | Mapping[Role, float]
+# the PPO ratio's denominator: the sampler's stored log-probs, or the trainer's at this forward
+OldLogprobs = Literal["sampler", "current"]
 ROLES: tuple[Role, ...] = ("caller", "simulator")
 
 # Keys of the stats dict, by how micro-batch values combine into a full-batch value.
 _SUMMED_PREFIXES = ("loss", "tokens", "samples")
 _TOKEN_WEIGHTED = ("clip_frac", "ratio_mean", "entropy", "kl")
-_MAXED = ("ratio_max",)
+_MAXED = ("ratio_max", "logprob_gap_max")
 
 
 def _forward_kwargs(model: nn.Module) -> set[str]:
@@ -207,6 +209,7 @@ def grpo_loss(
     pad_id: int = 0,
     with_entropy: bool = True,
     share_prefixes: bool = True,
+    old_logprobs: OldLogprobs = "sampler",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One forward of ``model`` on ``batch``; returns (scalar loss, stats).
 
@@ -217,9 +220,17 @@ def grpo_loss(
     (default: this batch's sample count). Stats (floats): ``loss``, ``loss/<role>`` (unweighted),
     ``tokens/<role>``, ``samples/<role>``, ``tokens``, ``clip_frac``, ``ratio_mean``,
     ``ratio_max``, ``entropy`` (if asked), ``kl`` (whenever ``ref_model`` is given).
+
+    ``old_logprobs="current"``: the ratio's denominator is this forward's own log-probs (detached)
+    instead of the sampler's. That is what recomputing them with the same weights first gives, in
+    one forward instead of two, so it holds for the first optimiser step on a batch only (the
+    updater uses it with ``ppo_epochs`` 1). The sampler's stay in the stats as
+    ``logprob_gap_max``, the largest |trainer - sampler| log-prob on this batch.
     """
     if agg not in ("token_mean", "seq_mean"):
         raise ValueError(f"unknown agg {agg!r}: expected 'token_mean' or 'seq_mean'")
+    if old_logprobs not in ("sampler", "current"):
+        raise ValueError(f"unknown old_logprobs {old_logprobs!r}: expected 'sampler' or 'current'")
     if kl_coef and ref_model is None:
         raise ValueError("kl_coef > 0 needs a ref_model")
     packed = batch if isinstance(batch, PackedBatch) else pack_samples(batch, pad_id=pad_id)
@@ -234,7 +245,8 @@ def grpo_loss(
 
     new_logp, entropy = token_logprobs(model, packed, temperature, with_entropy=with_entropy,
                                        share_prefixes=share_prefixes)
-    old_logp = packed.old_logprobs.to(device)
+    sampler_logp = packed.old_logprobs.to(device)
+    old_logp = new_logp.detach() if old_logprobs == "current" else sampler_logp
     adv = packed.advantages.to(device).unsqueeze(1)
 
     # Masked positions get log-ratio 0, so whatever sits there can never overflow or leak in.
@@ -289,6 +301,8 @@ def grpo_loss(
             stats["entropy"] = float(entropy[mask].mean())
         if kl_tok is not None:
             stats["kl"] = float(kl_tok[mask].mean())
+        if old_logprobs == "current":
+            stats["logprob_gap_max"] = float((new_logp - sampler_logp)[mask].abs().max())
     return loss, stats
 
 

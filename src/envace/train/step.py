@@ -20,7 +20,7 @@ from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_trajectory_turns, padding_fraction, split_micro_batches
 from envace.train.collectives import (gather_objects, launched_distributed, merge_rank_stats, num_processes,
                                       reduce_max, reduce_sum, set_sync)
-from envace.train.grpo_loss import ROLES, LossAgg, grpo_loss, merge_loss_stats, role_normalizers
+from envace.train.grpo_loss import ROLES, LossAgg, OldLogprobs, grpo_loss, merge_loss_stats, role_normalizers
 from envace.train.modes import ModeSpec
 
 
@@ -50,6 +50,10 @@ class UpdaterConfig:
     merge_turns: bool = True
     # Run a micro-batch's shared prompt prefixes once (same result; grpo_loss._decoder_hidden).
     share_prefixes: bool = True
+    # "current": the PPO ratio's denominator is the update's own forward (detached), i.e. the
+    # trainer's log-probs at the step's weights: what a separate recompute pass would give, for
+    # rollouts from another engine or dtype, without that pass. One optimiser step per batch only.
+    old_logprobs: OldLogprobs = "sampler"
 
     @classmethod
     def from_sections(cls, section: Any, **extra: Any) -> "UpdaterConfig":
@@ -64,7 +68,7 @@ class UpdaterConfig:
         return dict(clip=self.clip, clip_high=self.clip_high, agg=self.agg, kl_coef=self.kl_coef,
                     caller_weight=self.caller_weight, simulator_weight=self.simulator_weight,
                     temperature=self.role_temperatures(), pad_id=self.pad_id, with_entropy=self.with_entropy,
-                    share_prefixes=self.share_prefixes)
+                    share_prefixes=self.share_prefixes, old_logprobs=self.old_logprobs)
 
     def role_weights(self) -> dict[Role, float]:
         return {"caller": self.caller_weight, "simulator": self.simulator_weight}
@@ -113,6 +117,9 @@ class GRPOUpdater:
             raise ValueError("ppo_epochs must be >= 1")
         if config.kl_coef and ref_model is None:
             raise ValueError("kl_coef > 0 needs a ref_model")
+        if config.old_logprobs == "current" and config.ppo_epochs != 1:
+            raise ValueError("old_logprobs 'current' holds for one optimiser step per batch: ppo_epochs must be 1 "
+                             "(recompute the log-probs before the update instead)")
         self.model = model
         self.config = config
         self.ref_model = ref_model
