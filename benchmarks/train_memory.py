@@ -14,7 +14,10 @@ the peak after a warm-up and one full update over the same oracle samples:
 * ``smollm2-plain``: SmolLM2 with the plain loop (logits at every position) for comparison;
 * ``smollm2-lora``: SmolLM2 with a LoRA adapter (r=16, all linear layers), GRPO update;
   ``smollm2-lora-2k`` / ``-1k``: the same at 2048 / 1024 tokens per micro-batch (activations,
-  which dominate, scale with it; configs/smollm2_cpu.yaml uses 2048).
+  which dominate, scale with it; configs/smollm2_cpu.yaml uses 2048);
+* ``smollm2-lora-ckpt`` / ``-ckpt-2k``: the LoRA update with ``grpo.gradient_checkpointing``;
+* ``smollm2-lora-trl`` / ``-trl-2k``: TRL's GRPOTrainer loss and optimiser on the same samples and
+  adapter (``train_throughput.py --only trl``; needs ``pip install trl``).
 """
 
 from __future__ import annotations
@@ -36,12 +39,18 @@ CASES = {
     "smollm2-lora": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "4096", "--lora"],
     "smollm2-lora-2k": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "2048", "--lora"],
     "smollm2-lora-1k": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "1024", "--lora"],
+    "smollm2-lora-ckpt": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "4096", "--lora",
+                          "--gradient-checkpointing"],
+    "smollm2-lora-ckpt-2k": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "2048", "--lora",
+                             "--gradient-checkpointing"],
+    "smollm2-lora-trl": ["--model", "smollm2", "--only", "trl", "--micro-batch-tokens", "4096", "--lora"],
+    "smollm2-lora-trl-2k": ["--model", "smollm2", "--only", "trl", "--micro-batch-tokens", "2048", "--lora"],
 }
 
 
 def main() -> None:
     p = make_parser(__doc__, tasks=2, group_size=2, max_turns=2)
-    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--cases", nargs="+", default=[c for c in CASES if "trl" not in c], choices=list(CASES))
     args = start(p, "peak RSS of one training update (a fresh process per case)")
     common = ["--tasks", str(args.tasks), "--group-size", str(args.group_size), "--max-turns",
               str(args.max_turns), "--repeats", "1", "--threads", str(args.threads)]

@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/train_throughput.py [--model smollm2] [--tasks 2] [--group-size 2]
            [--max-turns 2] [--micro-batch-tokens 4096] [--repeats 2] [--threads 1]
-           [--only grpo|plain] [--lora]
+           [--only grpo|plain|trl] [--trl] [--lora] [--gradient-checkpointing]
 
 Samples: the scripted oracle's trajectories of the first ``--tasks`` shop test tasks (real
 prompts as the rollout engine renders them, real tool results), ``--group-size`` copies each,
@@ -26,6 +26,7 @@ the peak-memory script, which needs one side per process). Peak RSS is printed a
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from pathlib import Path
@@ -105,15 +106,84 @@ class PlainLoop:
         return {}
 
 
+class TRLStep:
+    """TRL's ``GRPOTrainer`` loss (``compute_loss``: the forward with ``logits_to_keep``, its
+    default "dapo" token-mean loss, the entropy it logs) and its optimiser over the same samples,
+    as a TRL user's update would run them: prompts left-padded and completions right-padded per
+    micro-batch, micro-batches of the same token budget in arrival order (TRL batches a fixed number
+    of rows, unsorted), then clip and AdamW. Generation, which TRL would run first, is not timed:
+    both sides update on the same given samples. TRL's defaults stay (gradient checkpointing on),
+    except fp32 (``bf16=False``) as our side runs. It trains its own copy of the model: TRL switches
+    checkpointing on in the model it gets. Needs ``pip install trl`` (not an envace dependency)."""
+
+    def __init__(self, model, tok, lr: float, max_tokens: int, pad_id: int, temperature: float = 1.0) -> None:
+        import tempfile
+
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+
+        self.max_tokens, self.pad_id = max_tokens, pad_id
+        args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-peer-"), use_cpu=not torch.cuda.is_available(),
+                          report_to="none", save_strategy="no", learning_rate=lr, beta=0.0, bf16=False,
+                          temperature=temperature, num_generations=2, per_device_train_batch_size=2,
+                          max_grad_norm=1.0)
+        self.trainer = GRPOTrainer(model=copy.deepcopy(model), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                                   args=args, train_dataset=Dataset.from_dict({"prompt": ["-"] * 2}),
+                                   processing_class=tok)
+        self.model = self.trainer.model
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = self.trainer.create_optimizer()
+        self.checkpointing = bool(args.gradient_checkpointing)
+
+    def _inputs(self, mb: list[ScoredSample], n_micro: int, total_gen: int) -> dict:
+        rows = len(mb)
+        p_len = max(len(s.sample.prompt_ids) for s in mb)
+        c_len = max(s.n_tokens for s in mb)
+        prompt = torch.full((rows, p_len), self.pad_id)
+        prompt_mask = torch.zeros(rows, p_len, dtype=torch.long)
+        comp = torch.full((rows, c_len), self.pad_id)
+        comp_mask = torch.zeros(rows, c_len, dtype=torch.long)
+        for i, s in enumerate(mb):
+            pi, gi = s.sample.prompt_ids, s.sample.gen_ids
+            prompt[i, p_len - len(pi):] = torch.tensor(pi)
+            prompt_mask[i, p_len - len(pi):] = 1
+            comp[i, :len(gi)] = torch.tensor(gi)
+            comp_mask[i, :len(gi)] = 1
+        # "dapo" divides by num_items_in_batch * accumulation steps / steps_per_generation: this makes
+        # the summed micro-batch losses the token mean over the whole batch, as ours is.
+        items = total_gen * self.trainer.args.steps_per_generation / n_micro
+        return {"prompt_ids": prompt, "prompt_mask": prompt_mask, "completion_ids": comp,
+                "completion_mask": comp_mask, "advantages": torch.tensor([s.advantage for s in mb]),
+                "num_items_in_batch": torch.tensor(items)}
+
+    def step(self, scored: list[ScoredSample]) -> dict[str, float]:
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        micro = arrival_order_split(scored, self.max_tokens)
+        total_gen = sum(s.n_tokens for s in scored)
+        self.trainer.current_gradient_accumulation_steps = len(micro)  # what Trainer sets in its loop
+        for mb in micro:
+            with self.trainer.compute_loss_context_manager():  # as Trainer.training_step runs it
+                loss = self.trainer.compute_loss(self.model, self._inputs(mb, len(micro), total_gen))
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return {}
+
+
 def main() -> None:
     p = make_parser(__doc__, model="smollm2", world="shop", tasks=2, group_size=2, max_turns=2)
     p.add_argument("--micro-batch-tokens", type=int, default=4096)
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--only", choices=["grpo", "plain"], default=None)
+    p.add_argument("--only", choices=["grpo", "plain", "trl"], default=None)
+    p.add_argument("--trl", action="store_true", help="also time TRL's GRPOTrainer loss and optimiser (needs trl)")
     p.add_argument("--unmerged", action="store_true",
                    help="also time the GRPO update with caller-turn merging off (grpo-unmerged)")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (r=16) instead of all weights")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="grpo side: grpo.gradient_checkpointing (activations recomputed in the backward)")
     args = start(p, "training throughput: role-wise GRPO update vs plain forward/backward/step")
 
     t0 = time.perf_counter()
@@ -150,12 +220,18 @@ def main() -> None:
     sides = {}
     if args.only in (None, "grpo"):
         sides["grpo"] = GRPOUpdater(model, UpdaterConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens,
-                                                         pad_id=pad_id)).step
+                                                         pad_id=pad_id,
+                                                         gradient_checkpointing=args.gradient_checkpointing)).step
     if args.unmerged:
         sides["grpo-unmerged"] = GRPOUpdater(model, UpdaterConfig(
             lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id, merge_turns=False)).step
     if args.only in (None, "plain"):
         sides["plain"] = PlainLoop(model, args.lr, args.micro_batch_tokens, pad_id).step
+    if args.only == "trl" or (args.only is None and args.trl):
+        trl = TRLStep(model, tok, args.lr, args.micro_batch_tokens, pad_id)
+        sides["trl"] = trl.step
+        print(f"trl         GRPOTrainer loss + AdamW, gradient checkpointing {'on' if trl.checkpointing else 'off'}, "
+              f"arrival-order micro-batches: {len(arrival_order_split(scored, args.micro_batch_tokens))}")
     warm = scored[:2]
     for name, step in sides.items():  # allocator, optimiser state, first-call set-up
         step(warm)
@@ -173,11 +249,15 @@ def main() -> None:
         if "grpo" in sides and "plain" in sides:
             ratios.append(times["plain"][-1] / times["grpo"][-1])
             print(f"repeat {rep}  grpo/plain throughput = {ratios[-1]:.3f}", flush=True)
+        if "grpo" in sides and "trl" in sides:
+            print(f"repeat {rep}  grpo/trl throughput = {times['trl'][-1] / times['grpo'][-1]:.3f}", flush=True)
     print("-- summary (median [min-max])")
     for name in sides:
         print(f"{name:<13} tok/s   {spread([real_tokens / t for t in times[name]])}")
     if ratios:
         print(f"grpo / plain  {spread(ratios)}   (target >= 0.9)")
+    if "grpo" in sides and "trl" in sides:
+        print(f"grpo / trl    {spread([t / g for t, g in zip(times['trl'], times['grpo'])])}")
     if "grpo-unmerged" in sides and "plain" in sides:
         print(f"grpo-unmerged / plain  {spread([p / u for p, u in zip(times['plain'], times['grpo-unmerged'])])}")
     print(f"load1         {spread(loads)}")

@@ -285,3 +285,28 @@ def test_old_logprobs_from_the_updates_own_forward_equal_a_recompute_first():
     assert any(not torch.allclose(grads["stale"][n], grads["current"][n], atol=1e-6) for n in grads["current"])
     with pytest.raises(ValueError, match="ppo_epochs must be 1"):
         GRPOUpdater(model, UpdaterConfig(old_logprobs="current", ppo_epochs=2))
+
+
+def test_gradient_checkpointing_gives_the_same_gradient_without_prefix_sharing():
+    """Checkpointed layers recompute activations in the backward: same gradient. Their cache is
+    dropped, so the updater must not run shared prefixes once (a silent wrong result if it did)."""
+    from train_helpers import make_sample
+
+    grads = {}
+    for ckpt in (False, True):
+        model = make_tiny_model(6)
+        model.train()
+        # a group sharing a long prompt, so the prefix-sharing path would run without checkpointing
+        shared = list(range(1, 30))
+        batch = [ScoredSample(make_sample(model, "caller", shared + [40 + i], [50 + i, 60 + i], trajectory_index=i),
+                              advantage=(-1.0) ** i, reward=0.0) for i in range(4)]
+        up = GRPOUpdater(model, UpdaterConfig(gradient_checkpointing=ckpt))
+        assert up.config.loss_settings()["share_prefixes"] is (not ckpt)
+        assert all(layer.gradient_checkpointing is ckpt for layer in model.model.layers)
+        up.compute_gradients(batch)
+        grads[ckpt] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert grads[True].keys() == grads[False].keys()
+    for n in grads[True]:
+        torch.testing.assert_close(grads[True][n], grads[False][n], atol=1e-6, rtol=1e-4)
+    with pytest.raises(ValueError, match="needs a transformers model"):
+        GRPOUpdater(torch.nn.Linear(2, 2), UpdaterConfig(gradient_checkpointing=True))

@@ -54,6 +54,9 @@ class UpdaterConfig:
     # trainer's log-probs at the step's weights: what a separate recompute pass would give, for
     # rollouts from another engine or dtype, without that pass. One optimiser step per batch only.
     old_logprobs: OldLogprobs = "sampler"
+    # Layer activations recomputed in the backward (transformers models): memory for compute. The
+    # layers then drop a key/value cache, so shared prefixes cannot run once: share_prefixes is off.
+    gradient_checkpointing: bool = False
 
     @classmethod
     def from_sections(cls, section: Any, **extra: Any) -> "UpdaterConfig":
@@ -68,7 +71,8 @@ class UpdaterConfig:
         return dict(clip=self.clip, clip_high=self.clip_high, agg=self.agg, kl_coef=self.kl_coef,
                     caller_weight=self.caller_weight, simulator_weight=self.simulator_weight,
                     temperature=self.role_temperatures(), pad_id=self.pad_id, with_entropy=self.with_entropy,
-                    share_prefixes=self.share_prefixes, old_logprobs=self.old_logprobs)
+                    share_prefixes=self.share_prefixes and not self.gradient_checkpointing,
+                    old_logprobs=self.old_logprobs)
 
     def role_weights(self) -> dict[Role, float]:
         return {"caller": self.caller_weight, "simulator": self.simulator_weight}
@@ -83,6 +87,20 @@ class UpdaterConfig:
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """transformers' own activation checkpointing, non-reentrant (works with a frozen embedding,
+    as under LoRA, and with DDP/FSDP)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(base, "gradient_checkpointing_enable"):
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError(f"gradient_checkpointing needs a transformers model; {type(base).__name__} has no "
+                         "activation_checkpointing_enable()")
 
 
 def _padding_sample(pad_id: int, role: Role) -> ScoredSample:
@@ -123,6 +141,8 @@ class GRPOUpdater:
         self.model = model
         self.config = config
         self.ref_model = ref_model
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         self.params = trainable_parameters(model)
         if not self.params:
             raise ValueError("model has no trainable parameters")
