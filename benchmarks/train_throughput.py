@@ -113,10 +113,10 @@ class TRLStep:
     micro-batch, micro-batches of the same token budget in arrival order (TRL batches a fixed number
     of rows, unsorted), then clip and AdamW. Generation, which TRL would run first, is not timed:
     both sides update on the same given samples. TRL's defaults stay (gradient checkpointing on),
-    except fp32 (``bf16=False``) as our side runs. It trains its own copy of the model: TRL switches
-    checkpointing on in the model it gets. Needs ``pip install trl`` (not an envace dependency)."""
+    except fp32 (``bf16=False``) as our side runs. Beside other sides it trains its own copy of the
+    model (``own_copy``): TRL switches checkpointing on in the model it gets. Needs ``pip install trl`` (not an envace dependency)."""
 
-    def __init__(self, model, tok, lr: float, max_tokens: int, pad_id: int, temperature: float = 1.0) -> None:
+    def __init__(self, model, tok, lr: float, max_tokens: int, pad_id: int, own_copy: bool = True) -> None:
         import tempfile
 
         from datasets import Dataset
@@ -125,9 +125,9 @@ class TRLStep:
         self.max_tokens, self.pad_id = max_tokens, pad_id
         args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-peer-"), use_cpu=not torch.cuda.is_available(),
                           report_to="none", save_strategy="no", learning_rate=lr, beta=0.0, bf16=False,
-                          temperature=temperature, num_generations=2, per_device_train_batch_size=2,
+                          num_generations=2, per_device_train_batch_size=2,
                           max_grad_norm=1.0)
-        self.trainer = GRPOTrainer(model=copy.deepcopy(model), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        self.trainer = GRPOTrainer(model=copy.deepcopy(model) if own_copy else model, reward_funcs=lambda completions, **_: [0.0] * len(completions),
                                    args=args, train_dataset=Dataset.from_dict({"prompt": ["-"] * 2}),
                                    processing_class=tok)
         self.model = self.trainer.model
@@ -202,7 +202,7 @@ def main() -> None:
     scored = oracle_samples(tok, tasks, style, args.group_size, args.max_turns)
     scored = fill_logprobs(model, scored, pad_id, args.micro_batch_tokens)
     real_tokens = sum(sequence_length(s) for s in scored)
-    print(f"samples     {sample_stats(scored)}")
+    print(f"samples     {sample_stats(scored)}; peak RSS so far {peak_rss_mib():.0f} MiB (before any update)")
     plain_mb = split_micro_batches(scored, args.micro_batch_tokens)
     merged = merge_trajectory_turns(scored) if merge_trajectory_turns is not None else scored
     ours_mb = split_micro_batches(merged, args.micro_batch_tokens)
@@ -228,7 +228,7 @@ def main() -> None:
     if args.only in (None, "plain"):
         sides["plain"] = PlainLoop(model, args.lr, args.micro_batch_tokens, pad_id).step
     if args.only == "trl" or (args.only is None and args.trl):
-        trl = TRLStep(model, tok, args.lr, args.micro_batch_tokens, pad_id)
+        trl = TRLStep(model, tok, args.lr, args.micro_batch_tokens, pad_id, own_copy=bool(sides))
         sides["trl"] = trl.step
         print(f"trl         GRPOTrainer loss + AdamW, gradient checkpointing {'on' if trl.checkpointing else 'off'}, "
               f"arrival-order micro-batches: {len(arrival_order_split(scored, args.micro_batch_tokens))}")

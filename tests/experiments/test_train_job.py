@@ -366,3 +366,19 @@ def test_a_run_from_a_shared_warm_start_can_skip_its_start_eval(tmp_path):
     from envace.core.jsonl import read_jsonl_dicts
 
     assert {r["step"] for r in read_jsonl_dicts(run.path / "evals.jsonl")} == {1}
+
+
+def test_grpo_settings_reach_the_updater(tmp_path):
+    """grpo.gradient_checkpointing reaches the updater; bf16 rollouts at one PPO epoch take their
+    old log-probs from the update's own forward, with more epochs from a recompute pass first."""
+    from envace.experiments.train_job import _updater_config
+
+    tok = type("T", (), {"pad_token_id": 0})()
+    plain = _updater_config(load_config(_cfg(tmp_path)), tok)
+    assert not plain.gradient_checkpointing and plain.old_logprobs == "sampler"
+    cfg = load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "dtype": "bfloat16"},
+                           grpo={"gradient_checkpointing": True}))
+    up = _updater_config(cfg, tok)
+    assert up.gradient_checkpointing and up.old_logprobs == "current"
+    two = load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "dtype": "bfloat16"}, grpo={"ppo_epochs": 2}))
+    assert _updater_config(two, tok).old_logprobs == "sampler"

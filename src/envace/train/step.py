@@ -91,7 +91,7 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 def enable_gradient_checkpointing(model: nn.Module) -> None:
     """transformers' own activation checkpointing, non-reentrant (works with a frozen embedding,
-    as under LoRA, and with DDP/FSDP)."""
+    as under LoRA). Not yet exercised under DDP or FSDP here."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kwargs = {"use_reentrant": False}
     if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.x's name
