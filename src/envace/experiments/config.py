@@ -85,8 +85,9 @@ class GRPOConfig(_Section):
     ppo_epochs: int = Field(1, ge=1)
     max_grad_norm: float | None = 1.0
     gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
-                                         "instead of keeping them: less memory per micro-batch, ~1/3 more "
-                                         "compute, and shared prompt prefixes run once per row again")
+                                         "instead of keeping them: less memory per micro-batch for more "
+                                         "compute (each layer runs twice), and shared prompt prefixes are no "
+                                         "longer run once per group")
     sim_format_reward: float = Field(0.0, ge=0, description="extra simulator reward when its output parses as JSON")
 
 
