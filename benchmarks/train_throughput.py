@@ -2,7 +2,8 @@
 
 Usage: python benchmarks/train_throughput.py [--model smollm2] [--tasks 2] [--group-size 2]
            [--max-turns 2] [--micro-batch-tokens 4096] [--repeats 2] [--threads 1]
-           [--only grpo|plain|trl] [--trl] [--lora] [--gradient-checkpointing]
+           [--only grpo|plain|trl] [--trl] [--recompute] [--lora]
+           [--gradient-checkpointing]
 
 Samples: the scripted oracle's trajectories of the first ``--tasks`` shop test tasks (real
 prompts as the rollout engine renders them, real tool results), ``--group-size`` copies each,
@@ -15,8 +16,12 @@ PPO ratio starts at 1, as in a real step).
 * **plain**: the loop anyone would write first, over the same samples in length-sorted
   micro-batches of the same token budget: ``model(ids).logits`` at every position, ``log_softmax``, advantage-weighted
   log-likelihood of the generated tokens, ``backward``, clip, AdamW step.
+* **trl** (``--trl``): TRL's ``GRPOTrainer`` loss and optimiser on the same samples (see TRLStep).
+* **recompute** / **own-forward** (``--recompute``): rollouts from a bf16 copy or a serving engine
+  need the trainer's log-probs; a separate scoring pass before the update, or the update's own
+  forward (``UpdaterConfig.old_logprobs="current"``, what ``envace train`` does at one PPO epoch).
 
-Both run back to back in one process, alternating, ``--repeats`` times after one warm-up step
+All sides run back to back in one process, alternating, ``--repeats`` times after one warm-up step
 each; the figure is tokens (prompt + generated, no padding) per second of update wall time, and
 the ratio grpo/plain per repeat (both over the same samples; the updater may merge a
 trajectory's caller turns into one sequence, which is part of what is measured). Padding waste: the padded share of our length-sorted
@@ -42,7 +47,7 @@ from envace.experiments.tasks import select_tasks  # noqa: E402
 from envace.policy.loading import load_model  # noqa: E402
 from envace.train.advantages import ScoredSample  # noqa: E402
 from envace.train.batching import pack_samples, padding_fraction, sequence_length, split_micro_batches  # noqa: E402
-from envace.train.grpo_loss import token_logprobs  # noqa: E402
+from envace.train.grpo_loss import recompute_logprobs, token_logprobs  # noqa: E402
 from envace.train.step import GRPOUpdater, UpdaterConfig  # noqa: E402
 
 try:  # caller-turn merging (newer trees); older ones train turn by turn
@@ -133,7 +138,16 @@ class TRLStep:
         self.model = self.trainer.model
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = self.trainer.create_optimizer()
-        self.checkpointing = bool(args.gradient_checkpointing)
+        # Trainer.train() switches activation checkpointing on (TRL's default) before its loop; we
+        # never call train(), so do what it does.
+        self.checkpointing = bool(getattr(args, "activation_checkpointing", args.gradient_checkpointing))
+        if self.checkpointing:
+            kwargs = dict(getattr(args, "activation_checkpointing_kwargs", None)
+                          or args.gradient_checkpointing_kwargs or {})
+            if hasattr(self.model, "activation_checkpointing_enable"):
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None)
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
 
     def _inputs(self, mb: list[ScoredSample], n_micro: int, total_gen: int) -> dict:
         rows = len(mb)
@@ -182,6 +196,9 @@ def main() -> None:
     p.add_argument("--unmerged", action="store_true",
                    help="also time the GRPO update with caller-turn merging off (grpo-unmerged)")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (r=16) instead of all weights")
+    p.add_argument("--recompute", action="store_true",
+                   help="rollouts from another dtype/engine: time a separate log-prob recompute pass + the update "
+                        "(recompute) against the update taking them from its own forward (own-forward)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="grpo side: grpo.gradient_checkpointing (activations recomputed in the backward)")
     args = start(p, "training throughput: role-wise GRPO update vs plain forward/backward/step")
@@ -227,6 +244,17 @@ def main() -> None:
             lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id, merge_turns=False)).step
     if args.only in (None, "plain"):
         sides["plain"] = PlainLoop(model, args.lr, args.micro_batch_tokens, pad_id).step
+    if args.recompute:
+        cfg = dict(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id)
+        sampler_side = GRPOUpdater(model, UpdaterConfig(**cfg))
+        own_side = GRPOUpdater(model, UpdaterConfig(**cfg, old_logprobs="current"))
+
+        def recompute_then_update(batch: list[ScoredSample]) -> dict[str, float]:
+            recompute_logprobs(model, [s.sample for s in batch], 1.0, pad_id, args.micro_batch_tokens)
+            return sampler_side.step(batch)
+
+        sides["recompute"] = recompute_then_update
+        sides["own-forward"] = own_side.step
     if args.only == "trl" or (args.only is None and args.trl):
         trl = TRLStep(model, tok, args.lr, args.micro_batch_tokens, pad_id, own_copy=bool(sides))
         sides["trl"] = trl.step
@@ -249,6 +277,9 @@ def main() -> None:
         if "grpo" in sides and "plain" in sides:
             ratios.append(times["plain"][-1] / times["grpo"][-1])
             print(f"repeat {rep}  grpo/plain throughput = {ratios[-1]:.3f}", flush=True)
+        if "recompute" in sides:
+            print(f"repeat {rep}  own-forward/recompute throughput = "
+                  f"{times['recompute'][-1] / times['own-forward'][-1]:.3f}", flush=True)
         if "grpo" in sides and "trl" in sides:
             print(f"repeat {rep}  grpo/trl throughput = {times['trl'][-1] / times['grpo'][-1]:.3f}", flush=True)
     print("-- summary (median [min-max])")
@@ -256,6 +287,8 @@ def main() -> None:
         print(f"{name:<13} tok/s   {spread([real_tokens / t for t in times[name]])}")
     if ratios:
         print(f"grpo / plain  {spread(ratios)}   (target >= 0.9)")
+    if "recompute" in sides:
+        print(f"own-forward / recompute  {spread([r / o for r, o in zip(times['recompute'], times['own-forward'])])}")
     if "grpo" in sides and "trl" in sides:
         print(f"grpo / trl    {spread([t / g for t, g in zip(times['trl'], times['grpo'])])}")
     if "grpo-unmerged" in sides and "plain" in sides:
