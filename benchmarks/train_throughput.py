@@ -119,7 +119,8 @@ class TRLStep:
     of rows, unsorted), then clip and AdamW. Generation, which TRL would run first, is not timed:
     both sides update on the same given samples. TRL's defaults stay (gradient checkpointing on),
     except fp32 (``bf16=False``) as our side runs. Beside other sides it trains its own copy of the
-    model (``own_copy``): TRL switches checkpointing on in the model it gets. Needs ``pip install trl`` (not an envace dependency)."""
+    model (``own_copy``): TRL switches checkpointing on in the model it gets. Needs ``pip install
+    trl`` (the ``trl`` extra; not an envace dependency)."""
 
     def __init__(self, model, tok, lr: float, max_tokens: int, pad_id: int, own_copy: bool = True) -> None:
         import tempfile
@@ -130,10 +131,10 @@ class TRLStep:
         self.max_tokens, self.pad_id = max_tokens, pad_id
         args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-peer-"), use_cpu=not torch.cuda.is_available(),
                           report_to="none", save_strategy="no", learning_rate=lr, beta=0.0, bf16=False,
-                          num_generations=2, per_device_train_batch_size=2,
-                          max_grad_norm=1.0)
-        self.trainer = GRPOTrainer(model=copy.deepcopy(model) if own_copy else model, reward_funcs=lambda completions, **_: [0.0] * len(completions),
-                                   args=args, train_dataset=Dataset.from_dict({"prompt": ["-"] * 2}),
+                          num_generations=2, per_device_train_batch_size=2, max_grad_norm=1.0)
+        self.trainer = GRPOTrainer(model=copy.deepcopy(model) if own_copy else model,
+                                   reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
+                                   train_dataset=Dataset.from_dict({"prompt": ["-"] * 2}),
                                    processing_class=tok)
         self.model = self.trainer.model
         self.params = [p for p in self.model.parameters() if p.requires_grad]

@@ -559,8 +559,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
                                                 empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
                                                 format_bonus=cfg.grpo.sim_format_reward)
-        own = _own_forward_logprobs(cfg)
-        gap = _recompute_logprobs(cfg, models.spec, st.updaters, tok, scored) if backends.recompute and not own else None
+        own = _own_forward_logprobs(cfg)  # else a separate pass first, when the rollouts need one
+        separate = backends.recompute and not own
+        gap = _recompute_logprobs(cfg, models.spec, st.updaters, tok, scored) if separate else None
         ustats = update_for_mode(models.spec, st.updaters, scored,
                                  lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps))
         backends.sync()  # the serving engine generates the next rollouts with the new weights
