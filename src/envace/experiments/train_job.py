@@ -535,6 +535,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if eval0:
         log(f"step 0 {kind} eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
     bar = StepProgress("train", total=cfg.steps, start=st.start_step, clock=clock) if main else None
+    # Rollouts the trainer must score itself: in the update's own forward, or in a pass before it.
+    own = _own_forward_logprobs(cfg)
+    separate = backends.recompute and not own
     for step in range(st.start_step + 1, cfg.steps + 1):
         threads.check()
         t0 = time.perf_counter()
@@ -559,8 +562,6 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
                                                 empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
                                                 format_bonus=cfg.grpo.sim_format_reward)
-        own = _own_forward_logprobs(cfg)  # else a separate pass first, when the rollouts need one
-        separate = backends.recompute and not own
         gap = _recompute_logprobs(cfg, models.spec, st.updaters, tok, scored) if separate else None
         ustats = update_for_mode(models.spec, st.updaters, scored,
                                  lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps))
