@@ -382,3 +382,17 @@ def test_grpo_settings_reach_the_updater(tmp_path):
     assert up.gradient_checkpointing and up.old_logprobs == "current"
     two = load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "dtype": "bfloat16"}, grpo={"ppo_epochs": 2}))
     assert _updater_config(two, tok).old_logprobs == "sampler"
+
+
+def test_training_with_a_rehearsal_memory_in_some_episodes(tmp_path):
+    """memory_episodes: the group's last episodes carry a memory of its first ones in their
+    caller prompt; the step reports success with and without it; bad values are refused."""
+    run = train(load_config(_cfg(tmp_path, group_size=3, memory_episodes=1),
+                            ["steps=1", "sft.enabled=false", "out=" + str(tmp_path / "r")]), log=lambda *_: None)
+    row = _train_rows(run)[1]
+    assert {"success/plain", "success/memory", "reward/plain", "reward/memory"} <= set(row)
+    # The prompts themselves: tests/testtime/test_rehearsal.py (the run directory keeps no prompts).
+    rows = [json.loads(line) for line in (run.path / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(r["trajectory_index"] for r in rows) == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(ConfigError, match="memory_episodes .2. must be below group_size .2."):
+        load_config(_cfg(tmp_path, memory_episodes=2))

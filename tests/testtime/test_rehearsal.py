@@ -139,3 +139,34 @@ def test_mode_and_budget_checks(mode, budget, msg):
 def test_sweep_rejects_negative_budgets(tasks):
     with pytest.raises(ValueError, match=">= 0"):
         budget_sweep(tasks, OracleActor(), OracleActor(), None, [0, -1])
+
+
+def test_training_episodes_with_a_memory_see_the_tasks_other_episodes(tiny_backend, tasks):
+    from envace.rollout.engine import RolloutConfig
+    from envace.testtime import episodes_with_memory
+    from envace.train.advantages import compute_advantages
+
+    actor = PolicyActor(tiny_backend, style=PromptStyle(), max_new_tokens=8, temperature=1.0, seed=3)
+    trajs, stats, memories = episodes_with_memory(tasks, actor, sim(tiny_backend), RolloutConfig(group_size=3,
+                                                  max_turns=2), with_memory=1)
+    tok = tiny_backend.tokenizer
+    assert [(t.task_id, t.trajectory_index) for t in trajs] == [(t.id, g) for t in tasks for g in range(3)]
+    assert stats.episodes == 9 and stats.caller_tokens > 0
+    for t in tasks:
+        mine = [tr for tr in trajs if tr.task_id == t.id]
+        assert memories[t.id] == RuleMemoryWriter().write([(t, mine[:2])])[0].text
+        assert memories[t.id].startswith("2 imagined attempts.")
+        for tr in mine:
+            prompt = tok.decode(tr.samples[0].prompt_ids)
+            assert (MEMORY_HEADER in prompt) == (tr.trajectory_index == 2)
+            assert all(s.trajectory_index == tr.trajectory_index and s.group_id == t.id for s in tr.samples)
+    assert memories[tasks[0].id] in tok.decode(trajs[2].samples[0].prompt_ids)
+    # one advantage pool per task: the memory episode is centred with the plain ones
+    scored = compute_advantages(trajs)
+    assert {s.sample.group_id for s in scored} <= {t.id for t in tasks}
+    with pytest.raises(ValueError, match="at least one episode per task plays plain"):
+        episodes_with_memory(tasks, actor, sim(tiny_backend), RolloutConfig(group_size=2), with_memory=2)
+    plain, _, none = episodes_with_memory(tasks, actor, sim(tiny_backend), RolloutConfig(group_size=2,
+                                          max_turns=1), with_memory=0)
+    assert none == {} and len(plain) == 6
+    assert not any(MEMORY_HEADER in tok.decode(tr.samples[0].prompt_ids) for tr in plain)

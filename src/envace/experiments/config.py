@@ -209,6 +209,11 @@ class TrainConfig(_Section):
     steps: int = Field(20, ge=0)
     tasks_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
+    memory_episodes: int = Field(
+        0, ge=0, description="of each task's group_size episodes per step, this many run with a rehearsal "
+        "memory (rule-based, as `envace eval --memory rule`) condensed from the task's other episodes in their "
+        "caller prompt, so GRPO teaches the policy to use what it rehearsed before a committed run (test-time "
+        "rehearsal). 0: none")
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
@@ -236,6 +241,11 @@ class TrainConfig(_Section):
         if self.sft.vocab is not None and not self.model.strip().startswith("llama:"):
             raise ValueError(f"sft.vocab: a data vocabulary is for a model trained from scratch (model: "
                              f"llama:HIDDENxLAYERS), not {self.model!r}, whose embeddings fix its vocabulary")
+        if self.memory_episodes and self.memory_episodes >= self.group_size:
+            raise ValueError(f"memory_episodes ({self.memory_episodes}) must be below group_size "
+                             f"({self.group_size}): the memory is written from the task's other episodes")
+        if self.memory_episodes and self.bench is not None:
+            raise ValueError("memory_episodes: not with bench (its episodes run in the benchmark's own loop)")
         if self.sft.vocab is not None and not self.sft.enabled:
             raise ValueError("sft.vocab: the vocabulary is learned from the SFT warm start's text; "
                              "it needs sft.enabled: true")

@@ -44,6 +44,7 @@ from envace.rollout.engine import (
     truncation_counts,
 )
 from envace.rollout.sources import RealSource
+from envace.testtime.rehearsal import episodes_with_memory
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
 from envace.train.copy_warmup import copy_warmup, data_vocabulary
@@ -440,6 +441,17 @@ def _truncate_logs(run: RunDir, step: int) -> None:
             save_jsonl(path, [r for r in rows if r.get("step", 0) <= step])
 
 
+def memory_split(trajs: list[Trajectory], plain: int) -> dict[str, float]:
+    """Success and reward of the episodes with a rehearsal memory (index >= ``plain``) and without."""
+    out: dict[str, float] = {}
+    for name, part in (("plain", [t for t in trajs if t.trajectory_index < plain]),
+                       ("memory", [t for t in trajs if t.trajectory_index >= plain])):
+        if part:
+            out[f"success/{name}"] = sum(t.solved for t in part) / len(part)
+            out[f"reward/{name}"] = sum(t.reward for t in part) / len(part)
+    return out
+
+
 def _tag(trajs: list[Trajectory], step: int, kind: str) -> list[dict]:
     return [{"step": step, "kind": kind, **t.model_dump(mode="json", exclude_none=True)} for t in trajs]
 
@@ -553,9 +565,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
             trajs, tok_s = bench_episodes(bench, tasks, actor, None if cfg.source == "real" else source,
                                           caller_backend, step_seed, cfg.group_size)
         else:
-            trajs, rstats = run_episodes(tasks, actor, source, RolloutConfig(group_size=cfg.group_size,
-                                                                             max_turns=cfg.rollout.max_turns),
-                                         judge=judge)
+            # memory_episodes 0: one batch; else the group's last k see a memory of its first G-k.
+            trajs, rstats, _ = episodes_with_memory(tasks, actor, source, RolloutConfig(
+                group_size=cfg.group_size, max_turns=cfg.rollout.max_turns), cfg.memory_episodes, judge=judge)
             tok_s = rstats.tokens_per_second
         t_roll = time.perf_counter() - t0
         # Advantages centred over every rank's samples of each (task, role) group.
@@ -578,6 +590,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                "rollout_s": max(r[1] for r in rolled),
                                "update_s": t_total - t_roll, "step_s": t_total}
         row.update(truncated_fractions(trajs))
+        if cfg.memory_episodes:  # does the memory help, episode for episode of the same tasks?
+            row.update(memory_split(trajs, cfg.group_size - cfg.memory_episodes))
         if own:  # the update measured it in its forward
             gap = max((v for k, v in ustats.items() if k.endswith("/logprob_gap_max")), default=0.0)
         if gap is not None:

@@ -9,7 +9,7 @@ structured error, as a real API would, and the episode goes on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -31,6 +31,9 @@ LOOP_SPAN = 24
 class RolloutConfig:
     group_size: int = 1  # G trajectories per task
     max_turns: int | None = 4  # caller turns per episode (None: only the episodes' own limits)
+    # Index of each task's first episode: a second batch of a task's group (episodes with a
+    # rehearsal memory in training) continues the numbering, so (task, index) names one trajectory.
+    first_index: int = 0
 
 
 @dataclass
@@ -46,6 +49,10 @@ class RolloutStats:
     def tokens_per_second(self) -> float:
         gen_s = self.caller_seconds + self.simulator_seconds
         return (self.caller_tokens + self.simulator_tokens) / gen_s if gen_s > 0 else 0.0
+
+    def __add__(self, other: RolloutStats) -> RolloutStats:
+        """Two batches run one after the other: counts and times add up."""
+        return RolloutStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
 
 @dataclass
@@ -252,7 +259,8 @@ def run_episodes(
     """
     wall0 = time.perf_counter()
     stats = RolloutStats()
-    episodes = [Episode(task=t, index=g, state=source.start(t)) for t in tasks for g in range(cfg.group_size)]
+    episodes = [Episode(task=t, index=cfg.first_index + g, state=source.start(t))
+                for t in tasks for g in range(cfg.group_size)]
     if user is not None:
         user.begin(episodes)
     turn = 0

@@ -35,6 +35,7 @@ from envace.testtime.rehearsal import (
     check_mode_budget,
     commit,
     commit_condition,
+    episodes_with_memory,
     memories_after,
     rehearse,
     run_private_rehearsal,
@@ -46,5 +47,5 @@ __all__ = [
     "key_matters", "Memory", "MemoryWriter", "ModelMemoryWriter", "RuleMemoryWriter", "make_memory_writer",
     "rule_memory", "MODES", "REHEARSE_MODES", "ConditionResult", "CountingSource", "MemoryActor",
     "RecordingRealSource", "Rehearsal", "RehearsalSet", "TaskOutcome", "budget_sweep", "check_mode_budget",
-    "commit", "commit_condition", "memories_after", "rehearse", "run_private_rehearsal",
+    "commit", "commit_condition", "episodes_with_memory", "memories_after", "rehearse", "run_private_rehearsal",
 ]

@@ -23,7 +23,7 @@ from typing import Any
 
 from envace.core.types import Task, Trajectory
 from envace.rollout.actors import Actor, ActorTurn, ActorView
-from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
+from envace.rollout.engine import RolloutConfig, RolloutStats, log_turns, run_episodes
 from envace.rollout.sources import RealSource, ResponseSource, ToolRequest, ToolResponse
 from envace.testtime.memory import NO_MEMORY, Memory, MemoryWriter, RuleMemoryWriter
 
@@ -427,3 +427,41 @@ def budget_sweep(tasks: list[Task], rehearsal_actor: Actor, commit_actor: Actor,
             results.append(commit_condition(tasks, commit_actor, rset, b, writer, max_turns, sources[b], log,
                                             judge=judge))
     return results, rsets
+
+
+# ---------------------------------------------------------------- training with a memory
+
+
+def episodes_with_memory(tasks: list[Task], actor: Actor, source: ResponseSource, cfg: RolloutConfig,
+                         with_memory: int, memory_writer: MemoryWriter | None = None,
+                         judge: Any = None) -> tuple[list[Trajectory], RolloutStats, dict[str, str]]:
+    """A task's ``cfg.group_size`` training episodes, the last ``with_memory`` of them with a
+    rehearsal memory in the caller's prompt, condensed from the task's other episodes.
+
+    What test-time rehearsal does, inside a training group: the first G-k episodes play plain,
+    their memory goes into the prompts of the last k (numbered on, so (task, index) still names
+    one trajectory). GRPO then compares episodes with and without a memory of the same task, so
+    the policy learns to use a memory (or to ignore a misleading one) instead of meeting one for
+    the first time at test time. With ``source`` the policy rehearsing, the memory comes from
+    imagined attempts, as at test time. Returns the trajectories in task order (plain ones first
+    per task), the rollout stats of both batches, and each task's memory.
+    """
+    g = cfg.group_size
+    if isinstance(with_memory, bool) or not isinstance(with_memory, int) or not 0 <= with_memory < g:
+        raise ValueError(f"episodes with a memory must be 0..group_size-1 ({g - 1}), got {with_memory!r}: "
+                         "at least one episode per task plays plain, to write the memory from")
+    first, stats = run_episodes(tasks, actor, source, dataclasses.replace(cfg, group_size=g - with_memory),
+                                judge=judge)
+    if not with_memory:
+        return first, stats, {}
+    writer = memory_writer or RuleMemoryWriter()
+    by_task: dict[str, list[Trajectory]] = {t.id: [] for t in tasks}
+    for traj in first:
+        by_task[traj.task_id].append(traj)
+    memories = {t.id: m.text for t, m in zip(tasks, writer.write([(t, by_task[t.id]) for t in tasks]))}
+    second, stats2 = run_episodes(tasks, MemoryActor(_reseeded(actor, 1), memories), _reseeded(source, 1),
+                                  dataclasses.replace(cfg, group_size=with_memory, first_index=g - with_memory),
+                                  judge=judge)
+    for traj in second:
+        by_task[traj.task_id].append(traj)
+    return [tr for t in tasks for tr in by_task[t.id]], stats + stats2, memories
