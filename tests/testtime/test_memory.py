@@ -2,7 +2,8 @@ import json
 
 from envace.core.toolcall import format_tool_call
 from envace.core.types import ToolCall
-from envace.testtime.memory import ModelMemoryWriter, RuleMemoryWriter, rule_memory, summary_problem, transcript
+from envace.testtime.memory import (PLAN_HEADER, ModelMemoryWriter, RuleMemoryWriter, make_memory_writer, plan_memory,
+                                    rule_memory, summary_problem, transcript)
 
 from testtime_helpers import few_tasks, traj_of
 
@@ -47,6 +48,24 @@ def test_rule_memory_budget_and_empty_cases():
     assert none == "1 imagined attempt.\nNo tool was called in any attempt.\nNo attempt reached a final answer."
     [m] = RuleMemoryWriter().write([(few_tasks("shop", 1)[0], [])])
     assert m.text == "" and m.source == "none"
+
+
+def test_plan_memory_keeps_only_the_working_calls_of_the_best_looking_attempt():
+    a1, a2, a3 = _attempts()
+    lookup = json.dumps({"order_id": "o-17", "status": "delivered"})
+    # a1 and a2 both answered with one failed call; a4 answered with none: it is the plan
+    a4 = traj_of("t", [(call("get_order", order_id="o-17"), [lookup]), (call("cancel_order", order_id="o-17"),
+                 [json.dumps({"order_id": "o-17", "status": "cancelled"})])], "Done")
+    text = plan_memory([a1, a4, a2, a3])
+    assert text.splitlines() == [PLAN_HEADER, '1. get_order {"order_id": "o-17"}', '2. cancel_order {"order_id": "o-17"}']
+    # nothing that failed, no imagined value, no answer
+    assert "o-77" not in text and "delivered" not in text and "Done" not in text
+    # a tie (one failure each, an answer each) goes to the latest attempt; no working call: no plan
+    assert plan_memory([a1, a2]).splitlines()[1:] == ['1. cancel_order {"order_id": "o-17"}']
+    assert plan_memory([a3]) == "" and plan_memory([]) == ""
+    assert len(plan_memory([a4], max_chars=len(PLAN_HEADER) + 40).splitlines()) == 2
+    [m] = make_memory_writer("plan").write([(few_tasks("shop", 1)[0], [a1, a4])])
+    assert m.text == plan_memory([a1, a4]) and m.source == "rule"
 
 
 def test_summary_checks_reject_garbage_and_accept_a_real_summary():

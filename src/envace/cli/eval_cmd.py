@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budgets", default=None, help="sweep budgets, 0 = no rehearsal (default 0,1,2,4,8)")
     p.add_argument("--modes", default="parallel,sequential", help="sweep modes (default parallel,sequential)")
     p.add_argument("--memory", default="model",
-                   help="model (the policy summarises its rehearsals; rule-based fallback on garbage) | rule")
+                   help="model (the policy summarises its rehearsals; rule-based fallback on garbage) | rule (failed and "
+                   "working calls, the answer reached) | plan (only the calls of the best-looking attempt)")
     p.add_argument("--fidelity", action="store_true",
                    help="measure how well the model's rehearsed tool responses match the real world")
     p.add_argument("--fidelity-source", default="oracle", help="real trajectories to rehearse: oracle | policy | both")

@@ -67,7 +67,7 @@ class EvalJob:
     sweep: bool = False
     budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
     modes: list[str] = field(default_factory=lambda: list(REHEARSE_MODES))
-    memory: str = "model"  # model (the policy summarises; rule-based fallback) | rule
+    memory: str = "model"  # model (the policy summarises; rule-based fallback) | rule | plan
     fidelity: bool = False
     fidelity_source: str = "oracle"  # oracle | policy | both
     fidelity_tasks: int | None = None  # per world; default: tasks

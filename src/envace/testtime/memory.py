@@ -172,12 +172,61 @@ def rule_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
     return "\n".join(out)[:max_chars]
 
 
+PLAN_HEADER = "Plan from your rehearsal (its tool results were imagined: use the real ones):"
+
+
+def _attempt_rank(traj: Trajectory) -> tuple[int, int, int]:
+    """What the agent can see of an attempt's quality: it reached an answer, few of its calls
+    failed, many worked. Never the reward or the checklist."""
+    failed = worked = 0
+    for call, answer in episode_steps(traj):
+        value = _load(answer.content)
+        if call is None or value is None or is_error(value):
+            failed += 1
+        else:
+            worked += 1
+    return (int(traj.stop_reason == "final_answer" and bool(traj.final_answer.strip())), -failed, worked)
+
+
+def plan_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
+    """The calls that worked in the best-looking attempt, in order, and nothing else: no failed
+    call (a small model copies what it is shown, failures included) and no imagined value or
+    answer (a world model's ids and figures are guesses). '' when no attempt has such a call."""
+    if not attempts:
+        return ""
+    # max() keeps the first of equals: reversed, so a tie goes to the latest attempt.
+    best = max(reversed(attempts), key=_attempt_rank)
+    steps = [_call_text(call) for call, answer in episode_steps(best)
+             if call is not None and _load(answer.content) is not None and not is_error(_load(answer.content))]
+    if not steps:
+        return ""
+    lines = [PLAN_HEADER]
+    for i, step in enumerate(steps, 1):
+        line = f"{i}. {step}"
+        if sum(len(x) + 1 for x in lines) + len(line) > max_chars:
+            break
+        lines.append(line)
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
+MEMORY_STYLES = ("notes", "plan")
+
+
 @dataclass
 class RuleMemoryWriter:
+    """``style`` notes: :func:`rule_memory` (what failed, what worked with its key fields, the
+    answer reached); plan: :func:`plan_memory` (only the calls of the best-looking attempt)."""
+
     max_chars: int = 600
+    style: str = "notes"
+
+    def __post_init__(self) -> None:
+        if self.style not in MEMORY_STYLES:
+            raise ValueError(f"unknown rule memory style {self.style!r}; choose one of {', '.join(MEMORY_STYLES)}")
 
     def write(self, items: list[tuple[Task, list[Trajectory]]]) -> list[Memory]:
-        return [Memory(text=rule_memory(attempts, self.max_chars), source="rule") if attempts else NO_MEMORY
+        condense = rule_memory if self.style == "notes" else plan_memory
+        return [Memory(text=condense(attempts, self.max_chars), source="rule") if attempts else NO_MEMORY
                 for _, attempts in items]
 
 
@@ -275,12 +324,12 @@ class ModelMemoryWriter:
         return out
 
 
-MEMORY_KINDS = ("model", "rule")
+MEMORY_KINDS = ("model", "rule", "plan")
 
 
 def make_memory_writer(kind: str, backend: Any = None, max_new_tokens: int = 96, max_chars: int = 600) -> MemoryWriter:
-    if kind == "rule":
-        return RuleMemoryWriter(max_chars=max_chars)
+    if kind in ("rule", "plan"):
+        return RuleMemoryWriter(max_chars=max_chars, style="notes" if kind == "rule" else "plan")
     if kind == "model":
         if backend is None:
             raise ValueError("memory 'model' needs a backend to write the summary")
