@@ -88,3 +88,18 @@ def test_eval_bench_with_private_rehearsal_calls_no_real_tool(tmp_path) -> None:
         assert sum(m["role"] == "user" for m in r["trajectory"]["messages"]) >= 1
     scores = (tmp_path / "r" / "scores.jsonl").read_text().splitlines()
     assert len(scores) == 2
+
+
+def test_eval_bench_rehearsal_takes_a_plan_memory_and_refuses_the_model_written_one(tmp_path, capsys) -> None:
+    from envace.cli.bench_cmd import job_from_args
+    from envace.cli.main import build_parser
+
+    args = build_parser().parse_args(["eval", "--bench", "bfcl", "--model", "tiny", "--rehearse", "parallel",
+                                      "--memory", "plan"])
+    assert job_from_args(args).memory == "plan"
+    args = build_parser().parse_args(["eval", "--bench", "bfcl", "--model", "tiny"])
+    assert job_from_args(args).memory == "rule"  # no --memory: the rule-based one
+    assert main(["eval", "--bench", "bfcl", "--category", "multi_turn_base", "--limit", "1", "--model", "tiny",
+                 "--rehearse", "parallel", "--budget", "1", "--memory", "model", "--out", str(tmp_path)]) == 2
+    assert "--memory with --bench: rule or plan, not 'model'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before a run directory was made

@@ -71,6 +71,11 @@ def add_eval_arguments(p: argparse.ArgumentParser, bench_required: bool = True, 
         p.add_argument("--name", default=None, help="run directory name (default: generated)")
 
 
+def _bench_memory(args: argparse.Namespace) -> str:
+    """Benchmarks take a rule or plan memory (rule when ``--memory`` is not given)."""
+    return getattr(args, "memory", None) or "rule"
+
+
 def job_from_args(args: argparse.Namespace):
     from envace.benchmarks.registry import get_adapter
     from envace.experiments.bench_job import BenchJob
@@ -94,6 +99,7 @@ def job_from_args(args: argparse.Namespace):
                     dtype=getattr(args, "dtype", "float32"),
                     seed=args.seed, out=args.out, name=args.name, chunk=args.chunk,
                     rehearse=getattr(args, "rehearse", "none"), budget=getattr(args, "budget", None),
+                    memory=_bench_memory(args),
                     rehearsal_temperature=getattr(args, "rehearsal_temperature", 0.7))
 
 

@@ -28,9 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sweep", action="store_true", help="every budget of --budgets for every mode of --modes")
     p.add_argument("--budgets", default=None, help="sweep budgets, 0 = no rehearsal (default 0,1,2,4,8)")
     p.add_argument("--modes", default="parallel,sequential", help="sweep modes (default parallel,sequential)")
-    p.add_argument("--memory", default="model",
-                   help="model (the policy summarises its rehearsals; rule-based fallback on garbage) | rule (failed and "
-                   "working calls, the answer reached) | plan (only the calls of the best-looking attempt)")
+    p.add_argument("--memory", default=None,
+                   help="model (default; the policy summarises its rehearsals, rule-based fallback on garbage) | rule "
+                   "(failed and working calls, the answer reached; the default with --bench) | plan (only the calls "
+                   "of the best-looking attempt)")
     p.add_argument("--fidelity", action="store_true",
                    help="measure how well the model's rehearsed tool responses match the real world")
     p.add_argument("--fidelity-source", default="oracle", help="real trajectories to rehearse: oracle | policy | both")
@@ -98,7 +99,7 @@ def _run(args: argparse.Namespace) -> int:
         judge_model=args.judge_model, split=args.split, tasks=args.tasks,
         rehearse=args.rehearse, budget=args.budget, sweep=args.sweep,
         budgets=parse_int_list(args.budgets, "--budgets") if args.budgets else list(DEFAULT_BUDGETS),
-        modes=[m.strip() for m in args.modes.split(",") if m.strip()], memory=args.memory,
+        modes=[m.strip() for m in args.modes.split(",") if m.strip()], memory=args.memory or "model",
         fidelity=args.fidelity, fidelity_source=args.fidelity_source, fidelity_tasks=args.fidelity_tasks,
         error_probes=not args.no_error_probes, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
         sim_max_new_tokens=args.sim_max_new_tokens,

@@ -57,6 +57,7 @@ class BenchJob:
     # a rule-based memory of them goes into the committed run's prompt.
     rehearse: str = "none"  # none | parallel | sequential
     budget: int | None = None  # default 4 with a rehearse mode
+    memory: str = "rule"  # rule | plan (envace.testtime.memory.RuleMemoryWriter styles)
     rehearsal_temperature: float = 0.7
 
 
@@ -73,7 +74,7 @@ def _rehearsed_actor(job: BenchJob, adapter: Any, chunk: list, policy: Any, gen:
     from envace.experiments.bench_runner import bench_play
     from envace.rollout.actors import PolicyActor
     from envace.rollout.sources import ModelSource
-    from envace.testtime.memory import RuleMemoryWriter
+    from envace.testtime.memory import make_memory_writer
     from envace.testtime.rehearsal import MemoryActor, check_mode_budget, memories_after, rehearse
 
     budget = 4 if job.budget is None else job.budget
@@ -84,7 +85,7 @@ def _rehearsed_actor(job: BenchJob, adapter: Any, chunk: list, policy: Any, gen:
     simulator = ModelSource(backend=policy, name="rehearsal", record_samples=False, style=gen.style,
                             max_new_tokens=gen.simulator_max_new_tokens, temperature=job.rehearsal_temperature,
                             seed=seed + 1)
-    writer = RuleMemoryWriter()
+    writer = make_memory_writer(job.memory)
     tasks = [i.task for i in chunk]
     rset = rehearse(tasks, imagining, simulator, job.rehearse, budget, writer, max_turns=None,
                     play=bench_play(adapter, chunk, user, job.max_steps, job.max_user_turns))
@@ -107,6 +108,9 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
         c = cats.get(cat)
         if c is not None and not c.runnable:
             raise ValueError(f"{job.bench} category {cat!r} is not runnable here: {c.reason}")
+    if job.memory not in ("rule", "plan"):
+        raise ValueError(f"--memory with --bench: rule or plan, not {job.memory!r} (the model-written memory "
+                         "is not offered for benchmarks)")
     if job.rehearse not in ("none", "parallel", "sequential"):
         raise ValueError(f"--rehearse must be none, parallel or sequential, not {job.rehearse!r}")
     allowed = getattr(adapter, "sources", ("real", "rehearsal", "simulator"))
