@@ -387,7 +387,7 @@ def test_grpo_settings_reach_the_updater(tmp_path):
 def test_training_with_a_rehearsal_memory_in_some_episodes(tmp_path):
     """memory_episodes: the group's last episodes carry a memory of its first ones in their
     caller prompt; the step reports success with and without it; bad values are refused."""
-    run = train(load_config(_cfg(tmp_path, group_size=3, memory_episodes=1),
+    run = train(load_config(_cfg(tmp_path, group_size=3, memory_episodes=1, memory_style="plan"),
                             ["steps=1", "sft.enabled=false", "out=" + str(tmp_path / "r")]), log=lambda *_: None)
     row = _train_rows(run)[1]
     assert {"success/plain", "success/memory", "reward/plain", "reward/memory"} <= set(row)
@@ -396,3 +396,5 @@ def test_training_with_a_rehearsal_memory_in_some_episodes(tmp_path):
     assert sorted(r["trajectory_index"] for r in rows) == [0, 0, 1, 1, 2, 2]
     with pytest.raises(ConfigError, match="memory_episodes .2. must be below group_size .2."):
         load_config(_cfg(tmp_path, memory_episodes=2))
+    with pytest.raises(ConfigError, match="field 'memory_style'"):
+        load_config(_cfg(tmp_path, memory_episodes=1, memory_style="model"))

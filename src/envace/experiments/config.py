@@ -214,6 +214,9 @@ class TrainConfig(_Section):
         "memory (rule-based, as `envace eval --memory rule`) condensed from the task's other episodes in their "
         "caller prompt, so GRPO teaches the policy to use what it rehearsed before a committed run (test-time "
         "rehearsal). 0: none")
+    memory_style: Literal["rule", "plan"] = Field(
+        "rule", description="the memory of memory_episodes, as `envace eval --memory`: rule (failed and working "
+        "calls, the answer reached) or plan (only the calls of the best-looking attempt)")
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)

@@ -44,6 +44,7 @@ from envace.rollout.engine import (
     truncation_counts,
 )
 from envace.rollout.sources import RealSource
+from envace.testtime.memory import make_memory_writer
 from envace.testtime.rehearsal import episodes_with_memory
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
@@ -567,7 +568,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         else:
             # memory_episodes 0: one batch; else the group's last k see a memory of its first G-k.
             trajs, rstats, _ = episodes_with_memory(tasks, actor, source, RolloutConfig(
-                group_size=cfg.group_size, max_turns=cfg.rollout.max_turns), cfg.memory_episodes, judge=judge)
+                group_size=cfg.group_size, max_turns=cfg.rollout.max_turns), cfg.memory_episodes, make_memory_writer(cfg.memory_style), judge=judge)
             tok_s = rstats.tokens_per_second
         t_roll = time.perf_counter() - t0
         # Advantages centred over every rank's samples of each (task, role) group.
