@@ -211,8 +211,7 @@ class TrainConfig(_Section):
     group_size: int = Field(4, ge=1)
     memory_episodes: int = Field(
         0, ge=0, description="of each task's group_size episodes per step, this many run with a rehearsal "
-        "memory (rule-based, as `envace eval --memory rule`) condensed from the task's other episodes in their "
-        "caller prompt, so GRPO teaches the policy to use what it rehearsed before a committed run (test-time "
+        "memory (memory_style) condensed from the task's other episodes in their caller prompt, so GRPO teaches the policy to use what it rehearsed before a committed run (test-time "
         "rehearsal). 0: none")
     memory_style: Literal["rule", "plan"] = Field(
         "rule", description="the memory of memory_episodes, as `envace eval --memory`: rule (failed and working "

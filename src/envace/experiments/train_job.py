@@ -567,8 +567,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                           caller_backend, step_seed, cfg.group_size)
         else:
             # memory_episodes 0: one batch; else the group's last k see a memory of its first G-k.
-            trajs, rstats, _ = episodes_with_memory(tasks, actor, source, RolloutConfig(
-                group_size=cfg.group_size, max_turns=cfg.rollout.max_turns), cfg.memory_episodes, make_memory_writer(cfg.memory_style), judge=judge)
+            trajs, rstats, _ = episodes_with_memory(
+                tasks, actor, source, RolloutConfig(group_size=cfg.group_size, max_turns=cfg.rollout.max_turns),
+                cfg.memory_episodes, make_memory_writer(cfg.memory_style), judge=judge)
             tok_s = rstats.tokens_per_second
         t_roll = time.perf_counter() - t0
         # Advantages centred over every rank's samples of each (task, role) group.
