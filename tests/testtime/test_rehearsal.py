@@ -166,6 +166,8 @@ def test_training_episodes_with_a_memory_see_the_tasks_other_episodes(tiny_backe
     assert {s.sample.group_id for s in scored} <= {t.id for t in tasks}
     with pytest.raises(ValueError, match="at least one episode per task plays plain"):
         episodes_with_memory(tasks, actor, sim(tiny_backend), RolloutConfig(group_size=2), with_memory=2)
+    with pytest.raises(ValueError, match="distinct ids"):
+        episodes_with_memory(tasks[:1] * 2, actor, sim(tiny_backend), RolloutConfig(group_size=2), with_memory=1)
     plain, _, none = episodes_with_memory(tasks, actor, sim(tiny_backend), RolloutConfig(group_size=2,
                                           max_turns=1), with_memory=0)
     assert none == {} and len(plain) == 6

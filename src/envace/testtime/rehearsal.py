@@ -450,6 +450,8 @@ def episodes_with_memory(tasks: list[Task], actor: Actor, source: ResponseSource
     if isinstance(with_memory, bool) or not isinstance(with_memory, int) or not 0 <= with_memory < g:
         raise ValueError(f"episodes with a memory must be 0..group_size-1 ({g - 1}), got {with_memory!r}: "
                          "at least one episode per task plays plain, to write the memory from")
+    if len({t.id for t in tasks}) != len(tasks):
+        raise ValueError("episodes with a memory: the tasks must have distinct ids (the memory is keyed by task id)")
     first, stats = run_episodes(tasks, actor, source, dataclasses.replace(cfg, group_size=g - with_memory),
                                 judge=judge)
     if not with_memory:
