@@ -394,7 +394,7 @@ def test_training_with_a_rehearsal_memory_in_some_episodes(tmp_path):
     # The prompts themselves: tests/testtime/test_rehearsal.py (the run directory keeps no prompts).
     rows = [json.loads(line) for line in (run.path / "trajectories.jsonl").read_text().splitlines()]
     assert sorted(r["trajectory_index"] for r in rows) == [0, 0, 1, 1, 2, 2]
-    with pytest.raises(ConfigError, match="memory_episodes .2. must be below group_size .2."):
+    with pytest.raises(ConfigError, match="field 'memory_episodes': .*memory_episodes .2. must be below group_size .2."):
         load_config(_cfg(tmp_path, memory_episodes=2))
     with pytest.raises(ConfigError, match="field 'memory_style'"):
         load_config(_cfg(tmp_path, memory_episodes=1, memory_style="model"))

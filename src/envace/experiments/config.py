@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -238,14 +238,20 @@ class TrainConfig(_Section):
         "whole-weight copy for rollouts and evals, refreshed after every step (docs/scaling.md). One process: "
         "ignored")
 
+    @field_validator("memory_episodes")
+    @classmethod
+    def _memory_below_group(cls, v: int, info: ValidationInfo) -> int:
+        g = info.data.get("group_size")  # declared before: validated first (absent if it failed)
+        if v and g is not None and v >= g:
+            raise ValueError(f"memory_episodes ({v}) must be below group_size ({g}): the memory is written "
+                             "from the task's other episodes")
+        return v
+
     @model_validator(mode="after")
     def _vocab_needs_scratch_model(self) -> TrainConfig:
         if self.sft.vocab is not None and not self.model.strip().startswith("llama:"):
             raise ValueError(f"sft.vocab: a data vocabulary is for a model trained from scratch (model: "
                              f"llama:HIDDENxLAYERS), not {self.model!r}, whose embeddings fix its vocabulary")
-        if self.memory_episodes and self.memory_episodes >= self.group_size:
-            raise ValueError(f"memory_episodes ({self.memory_episodes}) must be below group_size "
-                             f"({self.group_size}): the memory is written from the task's other episodes")
         if self.memory_episodes and self.bench is not None:
             raise ValueError("memory_episodes: not with bench (its episodes run in the benchmark's own loop)")
         if self.sft.vocab is not None and not self.sft.enabled:
