@@ -13,16 +13,12 @@ Each budget's run directory is OUT/b<budget>; a budget whose scores.jsonl exists
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from envace.cli.main import main as envace
+from envace.core.jsonl import read_jsonl_dicts as _rows
 from envace.experiments.stats import paired_bootstrap_diff
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def scores(run: Path) -> dict[str, float]:

@@ -551,6 +551,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     # Rollouts the trainer must score itself: in the update's own forward, or in a pass before it.
     own = _own_forward_logprobs(cfg)
     separate = backends.recompute and not own
+    memory_writer = make_memory_writer(cfg.memory_style)  # used when memory_episodes > 0
     for step in range(st.start_step + 1, cfg.steps + 1):
         threads.check()
         t0 = time.perf_counter()
@@ -569,7 +570,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
             # memory_episodes 0: one batch; else the group's last k see a memory of its first G-k.
             trajs, rstats, _ = episodes_with_memory(
                 tasks, actor, source, RolloutConfig(group_size=cfg.group_size, max_turns=cfg.rollout.max_turns),
-                cfg.memory_episodes, make_memory_writer(cfg.memory_style), judge=judge)
+                cfg.memory_episodes, memory_writer, judge=judge)
             tok_s = rstats.tokens_per_second
         t_roll = time.perf_counter() - t0
         # Advantages centred over every rank's samples of each (task, role) group.

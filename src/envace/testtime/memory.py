@@ -175,17 +175,25 @@ def rule_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
 PLAN_HEADER = "Plan from your rehearsal (its tool results were imagined: use the real ones):"
 
 
-def _attempt_rank(traj: Trajectory) -> tuple[int, int, int]:
-    """What the agent can see of an attempt's quality: it reached an answer, few of its calls
-    failed, many worked. Never the reward or the checklist."""
-    failed = worked = 0
+def _working_calls(traj: Trajectory) -> tuple[list[ToolCall], int]:
+    """The calls whose (imagined) result was readable and not an error, in order, and how many
+    other steps the attempt had (malformed calls, errors, unreadable results)."""
+    worked: list[ToolCall] = []
+    failed = 0
     for call, answer in episode_steps(traj):
         value = _load(answer.content)
         if call is None or value is None or is_error(value):
             failed += 1
         else:
-            worked += 1
-    return (int(traj.stop_reason == "final_answer" and bool(traj.final_answer.strip())), -failed, worked)
+            worked.append(call)
+    return worked, failed
+
+
+def _attempt_rank(traj: Trajectory) -> tuple[int, int, int]:
+    """What the agent can see of an attempt's quality: it reached an answer, few of its calls
+    failed, many worked. Never the reward or the checklist."""
+    worked, failed = _working_calls(traj)
+    return (int(traj.stop_reason == "final_answer" and bool(traj.final_answer.strip())), -failed, len(worked))
 
 
 def plan_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
@@ -196,8 +204,7 @@ def plan_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
         return ""
     # max() keeps the first of equals: reversed, so a tie goes to the latest attempt.
     best = max(reversed(attempts), key=_attempt_rank)
-    steps = [_call_text(call) for call, answer in episode_steps(best)
-             if call is not None and _load(answer.content) is not None and not is_error(_load(answer.content))]
+    steps = [_call_text(call) for call in _working_calls(best)[0]]
     if not steps:
         return ""
     lines = [PLAN_HEADER]
@@ -209,23 +216,23 @@ def plan_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
     return "\n".join(lines) if len(lines) > 1 else ""
 
 
-MEMORY_STYLES = ("notes", "plan")
+MEMORY_STYLES = ("rule", "plan")
 
 
 @dataclass
 class RuleMemoryWriter:
-    """``style`` notes: :func:`rule_memory` (what failed, what worked with its key fields, the
+    """``style`` rule: :func:`rule_memory` (what failed, what worked with its key fields, the
     answer reached); plan: :func:`plan_memory` (only the calls of the best-looking attempt)."""
 
     max_chars: int = 600
-    style: str = "notes"
+    style: str = "rule"
 
     def __post_init__(self) -> None:
         if self.style not in MEMORY_STYLES:
             raise ValueError(f"unknown rule memory style {self.style!r}; choose one of {', '.join(MEMORY_STYLES)}")
 
     def write(self, items: list[tuple[Task, list[Trajectory]]]) -> list[Memory]:
-        condense = rule_memory if self.style == "notes" else plan_memory
+        condense = rule_memory if self.style == "rule" else plan_memory
         return [Memory(text=condense(attempts, self.max_chars), source="rule") if attempts else NO_MEMORY
                 for _, attempts in items]
 
@@ -329,7 +336,7 @@ MEMORY_KINDS = ("model", "rule", "plan")
 
 def make_memory_writer(kind: str, backend: Any = None, max_new_tokens: int = 96, max_chars: int = 600) -> MemoryWriter:
     if kind in ("rule", "plan"):
-        return RuleMemoryWriter(max_chars=max_chars, style="notes" if kind == "rule" else "plan")
+        return RuleMemoryWriter(max_chars=max_chars, style=kind)
     if kind == "model":
         if backend is None:
             raise ValueError("memory 'model' needs a backend to write the summary")
