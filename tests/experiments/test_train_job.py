@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from envace.cli.main import main
 from envace.experiments.config import ConfigError, load_config
@@ -398,3 +399,28 @@ def test_training_with_a_rehearsal_memory_in_some_episodes(tmp_path):
         load_config(_cfg(tmp_path, memory_episodes=2))
     with pytest.raises(ConfigError, match="field 'memory_style'"):
         load_config(_cfg(tmp_path, memory_episodes=1, memory_style="model"))
+
+
+def test_a_run_on_an_adapter_directory_trains_that_adapter_on(tmp_path):
+    """``model: <a run's sft or checkpoint adapter>`` continues that adapter (e.g. more SFT for one
+    role); peft would otherwise stack a second adapter and leave the loaded one frozen."""
+    from safetensors.torch import load_file
+
+    from envace.policy.loading import load_model
+    from envace.train.checkpoint import resolve_checkpoint
+
+    base = train(load_config(_cfg(tmp_path), ["steps=0", "out=" + str(tmp_path / "a")]), log=lambda *_: None)
+    first = resolve_checkpoint(base.path / "sft")
+    more = train(load_config(_cfg(tmp_path), ["steps=0", f"model={first}", "sft.roles=[simulator]",
+                                              "out=" + str(tmp_path / "b")]), log=lambda *_: None)
+    second = resolve_checkpoint(more.path / "sft")
+    before, after = load_file(first / "adapter_model.safetensors"), load_file(second / "adapter_model.safetensors")
+    assert before.keys() == after.keys()  # one adapter, the same layout: nothing stacked
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # and it was trained
+    assert json.loads((second / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
+    model, _ = load_model(str(second))
+    assert sum(1 for n, _ in model.named_parameters() if "lora_A" in n) == \
+        sum(1 for k in before if "lora_A" in k)
+    with pytest.raises(ValueError, match="r=2, alpha=4; training goes on in that adapter, so set lora.r: 2"):
+        train(load_config(_cfg(tmp_path), ["steps=0", f"model={first}", "lora.r=4", "out=" + str(tmp_path / "c")]),
+              log=lambda *_: None)

@@ -13,9 +13,12 @@ from envace.train.modes import ModeSpec
 
 
 def with_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+    from peft import LoraConfig as PeftLoraConfig, PeftModel, get_peft_model
+
+    if isinstance(model, PeftModel):
+        return _continue_adapter(model, cfg)
     if not cfg.enabled:
         return model
-    from peft import LoraConfig as PeftLoraConfig, get_peft_model
 
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     targets = [t for t in cfg.target_modules if t in present]
@@ -24,6 +27,25 @@ def with_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                               task_type="CAUSAL_LM")
     return get_peft_model(model, peft_cfg)
+
+
+def _continue_adapter(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+    """A model loaded from a LoRA adapter directory trains that adapter on (a second adapter on top
+    would be saved apart from the first and the first would stay frozen: peft stacks them)."""
+    name = model.active_adapter
+    loaded = model.peft_config[name]
+    if not cfg.enabled:
+        raise ValueError(f"model {loaded.base_model_name_or_path!r} + adapter: the model is a LoRA adapter, which "
+                         "trains as an adapter only; set lora.enabled: true (its r and alpha are the adapter's)")
+    if (loaded.r, loaded.lora_alpha) != (cfg.r, cfg.alpha):
+        raise ValueError(f"lora: the model is a LoRA adapter with r={loaded.r}, alpha={loaded.lora_alpha}; training "
+                         f"goes on in that adapter, so set lora.r: {loaded.r} and lora.alpha: {loaded.lora_alpha} "
+                         f"(the config says r={cfg.r}, alpha={cfg.alpha})")
+    loaded.inference_mode = False
+    for pname, p in model.named_parameters():
+        if f".{name}." in pname and "lora_" in pname:
+            p.requires_grad_(True)
+    return model
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
