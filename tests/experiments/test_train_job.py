@@ -424,3 +424,16 @@ def test_a_run_on_an_adapter_directory_trains_that_adapter_on(tmp_path):
     with pytest.raises(ValueError, match="r=2, alpha=4; training goes on in that adapter, so set lora.r: 2"):
         train(load_config(_cfg(tmp_path), ["steps=0", f"model={first}", "lora.r=4", "out=" + str(tmp_path / "c")]),
               log=lambda *_: None)
+
+
+def test_sft_error_probes_reach_the_warm_start(tmp_path):
+    def samples(over):
+        lines: list[str] = []
+        train(load_config(_cfg(tmp_path), ["steps=0", "sft.roles=[simulator]", "worlds=[bank]", "sft.trajectories=3",
+                                           "out=" + str(tmp_path / over[-1])]
+                          + over[:-1]), log=lambda *a: lines.append(" ".join(map(str, a))))
+        (line,) = [s for s in lines if s.startswith("SFT warm start:")]
+        return int(line.split(" samples")[0].rsplit(" ", 1)[-1])
+
+    plain, probed = samples(["p"]), samples(["sft.error_probes=1", "q"])
+    assert plain < probed <= plain + 3  # at most one probe per trajectory

@@ -54,3 +54,50 @@ def test_turn_lengths_of_merged_samples_are_the_lengths_of_their_turns(tiny):
     want = {role: sorted(len(s.gen_ids) for s in per_turn if s.role == role) for role in ("caller", "simulator")}
     got = {role: sorted(lengths) for role, lengths in target_turn_lengths(merged).items()}
     assert got == want and all(want.values())
+
+
+@pytest.mark.parametrize("world", ["shop", "calendar", "bank"])
+def test_error_probe_samples_teach_the_real_error_of_a_plausible_missing_id(tiny, world):
+    """sft.error_probes: each probe sample's target is what a fresh world, replayed to that point,
+    answers to the call with a missing id; the ids look like real ones (not the eval's 99999)."""
+    import json
+    import random
+
+    from envace.core.errors import is_error
+    from envace.core.toolcall import RESULT_CLOSE
+    from envace.core.types import trajectory_calls
+    from envace.envs.probes import error_probes
+    from envace.envs.registry import make_world
+    from envace.rollout.actors import OracleActor
+    from envace.rollout.engine import RolloutConfig, run_episodes
+    from envace.rollout.sources import RealSource
+
+    _, tok = tiny
+    tasks = load_tasks(world, "train", limit=6)
+    plain = oracle_sft_samples(tasks, tok, PromptStyle(), roles=["simulator"])
+    probed = oracle_sft_samples(tasks, tok, PromptStyle(), roles=["simulator"], error_probes=1)
+    key = lambda s: (s.group_id, s.turn)  # noqa: E731
+    assert [key(s) for s in probed if s in plain] == [key(s) for s in plain]  # the plain ones unchanged
+    extra = [s for s in probed if s not in plain]
+    assert 0 < len(extra) <= len(tasks)
+    again = oracle_sft_samples(tasks, tok, PromptStyle(), roles=["simulator"], error_probes=1)
+    assert [s.gen_ids for s in again] == [s.gen_ids for s in probed]  # seeded: the same ids every run
+
+    trajs, _ = run_episodes(tasks, OracleActor(), RealSource(), RolloutConfig(max_turns=12))
+    by_id = {t.id: (t, tr) for t, tr in zip(tasks, trajs)}
+    for s in extra:
+        task, traj = by_id[s.group_id]
+        calls = [c for c, _ in trajectory_calls(traj)]
+        (probe,) = error_probes(task, calls, 1, rng=random.Random(f"probes:{task.id}"))
+        (key_arg, missing), = [(k, v) for k, v in probe.call.arguments.items()
+                               if v != calls[probe.position].arguments[k]]
+        assert "99999" not in missing and missing in tok.decode(s.prompt_ids)
+        fresh = make_world(task.env.world, task.env.seed)  # replay and ask the real world ourselves
+        for c in calls[: probe.position]:
+            fresh.call(c.name, c.arguments)
+        real = fresh.call(probe.call.name, probe.call.arguments)
+        assert is_error(real)
+        text = tok.decode(s.gen_ids)
+        assert text.endswith(RESULT_CLOSE) and json.loads(text[: -len(RESULT_CLOSE)]) == real
+        original = calls[probe.position].arguments[key_arg]
+        assert missing.split("-")[0] == original.split("-")[0] and len(missing) == len(original)

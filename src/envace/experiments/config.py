@@ -120,6 +120,9 @@ class SFTConfig(_Section):
                                     "random spans")
     copy_warmup_data_span: int = Field(128, ge=2, description="longest real-result window copied")
     roles: list[Literal["caller", "simulator"]] = Field(default_factory=lambda: ["caller", "simulator"])
+    error_probes: int = Field(0, ge=0, description="per trajectory with simulator samples, up to this many more: "
+                              "a call with an id the world does not have, the target its real error (the oracle "
+                              "never errs; embedded worlds only)")
     init_from: str | None = Field(None, description="reuse the warm start of an earlier run: its <run>/sft dir")
     vocab: int | None = Field(None, ge=300, description="for a llama: model trained from scratch: train a byte-level "
                               "BPE of this many tokens on the warm start's oracle text and size the model's "

@@ -222,7 +222,8 @@ def run_policy(cfg: TrainConfig, saved: Path | None = None) -> tuple[torch.nn.Mo
     else:
         base = smollm2_tokenizer()
         samples = oracle_sft_samples(sft_tasks(cfg, train_tasks(cfg)), base, prompt_style(cfg), roles=cfg.sft.roles,
-                                     simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world)
+                                     simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world,
+                                     error_probes=cfg.sft.error_probes)
         tok = train_data_tokenizer((base.decode(s.prompt_ids + s.gen_ids) for s in samples), cfg.sft.vocab, base)
     return with_lora(scratch_llama(cfg.model, tok), cfg.lora), tok
 
@@ -256,7 +257,8 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
         return
     tasks = sft_tasks(cfg, pool)
     samples = oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles,
-                                 simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world)
+                                 simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world,
+                                 error_probes=cfg.sft.error_probes)
     for role, lengths in target_turn_lengths(samples).items():
         cap = getattr(cfg.rollout, f"{role}_max_new_tokens")
         over = sum(n > cap for n in lengths) / len(lengths)

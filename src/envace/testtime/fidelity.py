@@ -27,7 +27,6 @@ from __future__ import annotations
 from envace.core import safejson
 
 import json
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,7 +35,7 @@ from pydantic import BaseModel, Field
 from envace.core.errors import error_code, is_error
 from envace.core.types import Task, ToolCall, Trajectory, trajectory_calls
 from envace.core.validate import validate_call
-from envace.envs.registry import make_world, world_names
+from envace.envs.probes import error_probes
 from envace.rollout.sources import ResponseSource, ToolRequest
 from envace.testtime.fields import important_fields
 
@@ -186,45 +185,21 @@ def cases_from_trajectories(tasks: list[Task], trajectories: Iterable[Trajectory
     return out
 
 
-_ID_VALUE = re.compile(r"^([A-Za-z]+)-\d+$")
-
-
-def _missing_id(value: str) -> str:
-    m = _ID_VALUE.match(value)
-    return f"{m.group(1)}-99999" if m else value + "-x9"
-
-
 def error_probe_cases(tasks: list[Task], trajectories: Iterable[Trajectory], max_per_trajectory: int = 1
                       ) -> list[FidelityCase]:
-    """Calls of real trajectories with one id argument replaced by an id that does not exist.
-
-    The real response comes from a fresh world of the task replayed through the earlier calls,
-    so the probe is answered exactly as the real world would at that point.
-    """
+    """Calls of real trajectories with one id argument replaced by an id that does not exist
+    (``envace.envs.probes``, obvious ids): the real response comes from a fresh world of the task
+    replayed through the earlier calls, so the probe is answered exactly as the real world would."""
     by_id = {t.id: t for t in tasks}
     out: list[FidelityCase] = []
     for traj in trajectories:
         task = by_id[traj.task_id]
-        if task.env is None or task.env.world not in world_names():  # probes replay an embedded world
-            continue
         pairs = trajectory_calls(traj)
-        made = 0
-        for i, (call, _) in enumerate(pairs):
-            keys = [k for k, v in call.arguments.items() if isinstance(v, str) and (k == "id" or k.endswith("_id"))]
-            if not keys or made >= max_per_trajectory:
-                continue
-            probe = ToolCall(name=call.name, arguments={**call.arguments, keys[0]: _missing_id(call.arguments[keys[0]])})
-            if validate_call(probe, task.tools) is not None:
-                continue
-            world = make_world(task.env.world, task.env.seed)
-            for earlier_call, _ in pairs[:i]:
-                world.call(earlier_call.name, earlier_call.arguments)
-            real = world.call(probe.name, probe.arguments)
+        for p in error_probes(task, [c for c, _ in pairs], max_per_trajectory):
             out.append(FidelityCase(task_id=task.id, world=_world_of(task), origin="probe",
-                                    trajectory_index=traj.trajectory_index, position=i, call=probe,
-                                    earlier=[(c, a.content) for c, a in pairs[:i]],
-                                    real_text=json.dumps(real, ensure_ascii=False)))
-            made += 1
+                                    trajectory_index=traj.trajectory_index, position=p.position, call=p.call,
+                                    earlier=[(c, a.content) for c, a in pairs[:p.position]],
+                                    real_text=json.dumps(p.result, ensure_ascii=False)))
     return out
 
 

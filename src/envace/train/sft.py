@@ -23,7 +23,8 @@ from envace.core.toolcall import RESULT_CLOSE, RESULT_OPEN
 from envace.core.types import Role, Task, ToolCall, Trajectory, TurnSample, trajectory_calls
 from envace.rollout.actors import OracleActor
 from envace.rollout.engine import RolloutConfig, run_episodes
-from envace.rollout.sources import RealSource
+from envace.envs.probes import error_probes as probe_calls
+from envace.rollout.sources import RealSource, dump_result
 from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_turns, pack_samples, split_micro_batches
 from envace.train.grpo_loss import token_logprobs
@@ -35,9 +36,13 @@ def _ids(tokenizer, text: str) -> list[int]:
 
 
 def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,
-                roles: Sequence[Role] = ("caller", "simulator"), merge_caller: bool = True) -> list[TurnSample]:
+                roles: Sequence[Role] = ("caller", "simulator"), merge_caller: bool = True,
+                error_probes: int = 0) -> list[TurnSample]:
     """Supervised (prompt, target) pairs of one oracle trajectory, as TurnSamples; with
-    ``merge_caller`` the caller turns become one multi-turn sample where the template allows."""
+    ``merge_caller`` the caller turns become one multi-turn sample where the template allows.
+    ``error_probes``: with simulator samples, up to that many more whose call has a plausible id
+    the world does not have, the target its real error (``envace.envs.probes``): the oracle never
+    errs, so without them the world model only ever sees a call succeed."""
     out: list[TurnSample] = []
     history = traj.messages[1:]  # the first message is the user instruction, rendered by the prompt
     eos = tokenizer.eos_token_id
@@ -63,12 +68,22 @@ def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,
             out.append(TurnSample(role="simulator", group_id=task.id, trajectory_index=0, turn=turn,
                                   prompt_ids=prompt, gen_ids=target, logprobs=[0.0] * len(target)))
             earlier.append((call, answer.content))
+        pairs = trajectory_calls(traj)
+        rng = random.Random(f"probes:{task.id}")
+        for p in probe_calls(task, [c for c, _ in pairs], error_probes, rng=rng):
+            before = [(c, a.content) for c, a in pairs[:p.position]]
+            prompt = render_simulator_prompt(tokenizer, task, p.call, before, style)
+            body = dump_result(p.result) + RESULT_CLOSE
+            target = _ids(tokenizer, body if style.prefill_result_tag else RESULT_OPEN + body)
+            out.append(TurnSample(role="simulator", group_id=task.id, trajectory_index=0, turn=len(pairs) + p.position,
+                                  prompt_ids=prompt, gen_ids=target, logprobs=[0.0] * len(target)))
     return out
 
 
 def oracle_sft_samples(tasks: Sequence[Task], tokenizer, style: PromptStyle,
                        roles: Sequence[Role] = ("caller", "simulator"), merge_caller: bool = True,
-                       simulator_tasks: int | None = None, world: Any = None) -> list[TurnSample]:
+                       simulator_tasks: int | None = None, world: Any = None,
+                       error_probes: int = 0) -> list[TurnSample]:
     """SFT samples of the oracle's real trajectories on ``tasks``; simulator samples only from
     the first ``simulator_tasks`` of them (None: all). Simulator targets are long JSON results:
     on a CPU budget they cost most of the SFT tokens, while the caller needs the most epochs."""
@@ -83,7 +98,7 @@ def oracle_sft_samples(tasks: Sequence[Task], tokenizer, style: PromptStyle,
     n_sim = len(tasks) if simulator_tasks is None else simulator_tasks
     return [s for i, (task, t) in enumerate(zip(tasks, trajs))
             for s in sft_samples(task, t, tokenizer, style, [r for r in roles if r == "caller" or i < n_sim],
-                                 merge_caller)]
+                                 merge_caller, error_probes)]
 
 
 def target_turn_lengths(samples: Sequence[TurnSample]) -> dict[str, list[int]]:
