@@ -10,23 +10,25 @@
 # 2. `probes`: on top of 1, 64 trajectories' simulator samples plus one error probe each
 #    (sft.error_probes=1: a call with a plausible missing id, the real error as target), 1 epoch.
 # Fidelity: `envace eval --fidelity` on FIDELITY_TASKS test tasks per world, greedy, for the warm
-# start and both stages (its own probes use 99999 ids, unlike the training probes).
+# start and both stages (its own probes use 99999 ids, unlike the training probes). SETS="--set k=v ..."
+# adds overrides to both training stages (the CPU test runs it at a tiny size this way).
 set -euo pipefail
 WARM=${1:?usage: world_model_data.sh WARM_RUN [OUT_DIR] [FIDELITY_TASKS] [CONFIG]}
 OUT=${2:-runs/world-model-data}
 TASKS=${3:-10}
 CONFIG=${4:-configs/smollm2_cpu.yaml}
+SETS=${SETS:-}
 export HF_HUB_OFFLINE=1
 latest() { ls -d "$1"/train-* | sort | tail -1; }
 if [ ! -d "$OUT/sim" ]; then
     envace train --config "$CONFIG" --set model="$WARM/sft/step-00000000" --set 'sft.roles=[simulator]' \
-        --set sft.simulator_trajectories=null --set steps=0 --set eval.at_start=false --set threads=1 --set out="$OUT/sim"
+        --set sft.simulator_trajectories=null --set steps=0 --set eval.at_start=false --set threads=1 --set out="$OUT/sim" $SETS
 fi
 SIM=$(latest "$OUT/sim")
 if [ ! -d "$OUT/probes" ]; then
     envace train --config "$CONFIG" --set model="$SIM/sft/step-00000000" --set 'sft.roles=[simulator]' \
         --set sft.trajectories=64 --set sft.simulator_trajectories=null --set sft.error_probes=1 --set sft.epochs=1 \
-        --set steps=0 --set eval.at_start=false --set threads=1 --set out="$OUT/probes"
+        --set steps=0 --set eval.at_start=false --set threads=1 --set out="$OUT/probes" $SETS
 fi
 PROBES=$(latest "$OUT/probes")
 for pair in "warm:$WARM" "sim:$SIM" "probes:$PROBES"; do
