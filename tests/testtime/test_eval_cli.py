@@ -188,3 +188,22 @@ def test_fidelity_can_show_the_simulator_the_conversation(capsys, tmp_path, monk
     assert code == 0, err
     assert seen and all(ctx == "conversation" and instruction in text for instruction, ctx, text in seen)
     assert RunDir.open(tmp_path / "f").config()["simulator_context"] == "conversation"
+
+
+def test_another_world_model_rehearses_for_the_caller(capsys, tmp_path):
+    """--sim-model: fidelity (greedy) rehearsed by it is exactly what it rehearses as --model, and
+    not what the caller's own model rehearses."""
+    def rehearsed(*extra):
+        code, _, _ = run_cli(capsys, "eval", "--world", "bank", "--tasks", "1", "--fidelity", *FAST,
+                             "--out", str(tmp_path), *extra)
+        assert code == 0
+        run = RunDir.open(sorted(tmp_path.iterdir(), key=lambda p: p.stat().st_mtime)[-1])
+        rows = [json.loads(line) for line in (run.path / "fidelity.jsonl").read_text().splitlines()]
+        return run, [r["rehearsed"] for r in rows]
+
+    _, own = rehearsed("--model", "tiny:1", "--name", "own")
+    _, other = rehearsed("--model", "tiny:2", "--name", "other")
+    run, mixed = rehearsed("--model", "tiny:1", "--sim-model", "tiny:2", "--name", "mixed")
+    assert mixed == other != own
+    assert run.config()["resolved"]["simulator_model"] == "tiny:2"
+    assert run.config()["resolved"]["caller_model"] == "tiny:1"

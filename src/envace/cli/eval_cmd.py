@@ -96,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     job = EvalJob(
         model=args.model, world=args.world if not args.task_file else None,
         real_world=args.world if args.task_file else None, task_file=args.task_file,
-        judge_model=args.judge_model, split=args.split, tasks=args.tasks,
+        judge_model=args.judge_model, sim_model=args.sim_model, split=args.split, tasks=args.tasks,
         rehearse=args.rehearse, budget=args.budget, sweep=args.sweep,
         budgets=parse_int_list(args.budgets, "--budgets") if args.budgets else list(DEFAULT_BUDGETS),
         modes=[m.strip() for m in args.modes.split(",") if m.strip()], memory=args.memory or "model",

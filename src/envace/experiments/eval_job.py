@@ -59,6 +59,7 @@ class EvalJob:
     world: str | None = None  # embedded world(s): a name, a comma list or "all"
     real_world: Any = None  # with task_file: the real environment of tasks that name none (--world)
     judge_model: str | None = None  # judge of `judge` checklist items (None: they are not judged)
+    sim_model: str | None = None  # the model that rehearses (test-time rehearsal, fidelity); None: model's
     task_file: str | None = None
     split: str = "test"
     tasks: int = 10  # per world (or in all, for a task file)
@@ -343,6 +344,9 @@ def job_config(job: EvalJob, models: EvalModels, budget: int) -> dict[str, Any]:
 
 def run_eval_job(job: EvalJob, log=print) -> RunDir:
     models = resolve_eval_models(job.model)
+    if job.sim_model is not None:  # another world model rehearses for this caller
+        models.simulator = resolve_eval_models(job.sim_model).simulator
+        models.notes.append(f"rehearsal and fidelity by --sim-model {job.sim_model} ({models.simulator})")
     job, notes = with_run_settings(job, models.run_config)
     models.notes[:0] = notes
     budget = validate_job(job)
