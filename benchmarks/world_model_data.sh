@@ -27,7 +27,7 @@ fi
 SIM=$(latest "$OUT/sim")
 if [ ! -d "$OUT/probes" ]; then
     envace train --config "$CONFIG" --set model="$SIM/sft/step-00000000" --set 'sft.roles=[simulator]' \
-        --set sft.trajectories=64 --set sft.simulator_trajectories=null --set sft.error_probes=1 --set sft.epochs=1 \
+        --set sft.trajectories=64 --set sft.simulator_trajectories=null --set sft.error_probes=1 --set sft.epochs=1 --set sft.micro_batch_tokens=2048 \
         --set steps=0 --set eval.at_start=false --set threads=1 --set out="$OUT/probes" $SETS
 fi
 PROBES=$(latest "$OUT/probes")
