@@ -424,6 +424,9 @@ def test_a_run_on_an_adapter_directory_trains_that_adapter_on(tmp_path):
     with pytest.raises(ValueError, match="r=2, alpha=4; training goes on in that adapter, so set lora.r: 2"):
         train(load_config(_cfg(tmp_path), ["steps=0", f"model={first}", "lora.r=4", "out=" + str(tmp_path / "c")]),
               log=lambda *_: None)
+    with pytest.raises(ValueError, match="lora.enabled is false, but the model is a LoRA adapter"):
+        train(load_config(_cfg(tmp_path), ["steps=0", f"model={first}", "lora.enabled=false",
+                                           "out=" + str(tmp_path / "d")]), log=lambda *_: None)
 
 
 def test_sft_error_probes_reach_the_warm_start(tmp_path):

@@ -46,7 +46,8 @@ def add_eval_arguments(p: argparse.ArgumentParser, bench_required: bool = True, 
                    help="tool responses: real (the benchmark's environment; default) | rehearsal | simulator "
                         "(FinMCP: rehearsal, its tools are not executable here)")
     g.add_argument("--sim-model", default=None,
-                   help="the model that plays the tools (--source simulator, --rehearse, --fidelity; default --model): a spec or a checkpoint, whose simulator rehearses")
+                   help="the model that plays the tools (--source simulator, --rehearse, --fidelity; default "
+                        "--model): a spec or a checkpoint, whose simulator rehearses")
     g.add_argument("--user-model", default=None, help="simulated user for tau2/VitaBench (default: --model)")
     g.add_argument("--judge-model", default=None,
                    help="judge of VitaBench rubrics and tau2 NL assertions (default: --model)")

@@ -35,8 +35,8 @@ def _continue_adapter(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     name = model.active_adapter
     loaded = model.peft_config[name]
     if not cfg.enabled:
-        raise ValueError(f"model {loaded.base_model_name_or_path!r} + adapter: the model is a LoRA adapter, which "
-                         "trains as an adapter only; set lora.enabled: true (its r and alpha are the adapter's)")
+        raise ValueError("lora.enabled is false, but the model is a LoRA adapter, which trains on as that adapter: "
+                         f"set lora.enabled: true (with lora.r: {loaded.r}, lora.alpha: {loaded.lora_alpha})")
     if (loaded.r, loaded.lora_alpha) != (cfg.r, cfg.alpha):
         raise ValueError(f"lora: the model is a LoRA adapter with r={loaded.r}, alpha={loaded.lora_alpha}; training "
                          f"goes on in that adapter, so set lora.r: {loaded.r} and lora.alpha: {loaded.lora_alpha} "
