@@ -21,9 +21,9 @@ from torch import nn
 from envace.core.prompts import PromptStyle, render_caller_prompt, render_simulator_prompt
 from envace.core.toolcall import RESULT_CLOSE, RESULT_OPEN
 from envace.core.types import Role, Task, ToolCall, Trajectory, TurnSample, trajectory_calls
+from envace.envs.probes import error_probes as probe_calls
 from envace.rollout.actors import OracleActor
 from envace.rollout.engine import RolloutConfig, run_episodes
-from envace.envs.probes import error_probes as probe_calls
 from envace.rollout.sources import RealSource, dump_result
 from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_turns, pack_samples, split_micro_batches
@@ -59,7 +59,8 @@ def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,
         out += [merged] if merged is not None else turns
     if "simulator" in roles:
         earlier: list[tuple[ToolCall, str]] = []
-        for turn, (call, answer) in enumerate(trajectory_calls(traj)):
+        pairs = trajectory_calls(traj)
+        for turn, (call, answer) in enumerate(pairs):
             prompt = render_simulator_prompt(tokenizer, task, call, earlier, style)
             body = answer.content + RESULT_CLOSE
             if not style.prefill_result_tag:
@@ -68,7 +69,6 @@ def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,
             out.append(TurnSample(role="simulator", group_id=task.id, trajectory_index=0, turn=turn,
                                   prompt_ids=prompt, gen_ids=target, logprobs=[0.0] * len(target)))
             earlier.append((call, answer.content))
-        pairs = trajectory_calls(traj)
         rng = random.Random(f"probes:{task.id}")
         for p in probe_calls(task, [c for c, _ in pairs], error_probes, rng=rng):
             before = [(c, a.content) for c, a in pairs[:p.position]]
