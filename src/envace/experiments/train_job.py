@@ -113,6 +113,13 @@ def sft_possible(cfg: TrainConfig, tasks: list[Task]) -> bool:
                                    for t in tasks)
 
 
+def warm_start_samples(cfg: TrainConfig, tasks: list[Task], tokenizer: Any) -> list:
+    """The SFT samples of the oracle's trajectories on ``tasks``, as the run's sft section asks."""
+    return oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles,
+                              simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world,
+                              error_probes=cfg.sft.error_probes)
+
+
 def sft_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
     """The warm start's tasks: a function of the seed, so ``sft.init_from`` runs agree on them."""
     usable = [t for t in pool if t.reference is not None and has_real_world(t, cfg)]
@@ -221,9 +228,7 @@ def run_policy(cfg: TrainConfig, saved: Path | None = None) -> tuple[torch.nn.Mo
                              f"vocabulary of at most {cfg.sft.vocab}; use the same sft.vocab as the run that made it")
     else:
         base = smollm2_tokenizer()
-        samples = oracle_sft_samples(sft_tasks(cfg, train_tasks(cfg)), base, prompt_style(cfg), roles=cfg.sft.roles,
-                                     simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world,
-                                     error_probes=cfg.sft.error_probes)
+        samples = warm_start_samples(cfg, sft_tasks(cfg, train_tasks(cfg)), base)
         tok = train_data_tokenizer((base.decode(s.prompt_ids + s.gen_ids) for s in samples), cfg.sft.vocab, base)
     return with_lora(scratch_llama(cfg.model, tok), cfg.lora), tok
 
@@ -256,9 +261,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
             "(set sft.enabled: false to silence this); GRPO starts from the model as loaded")
         return
     tasks = sft_tasks(cfg, pool)
-    samples = oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles,
-                                 simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world,
-                                 error_probes=cfg.sft.error_probes)
+    samples = warm_start_samples(cfg, tasks, tokenizer)
     for role, lengths in target_turn_lengths(samples).items():
         cap = getattr(cfg.rollout, f"{role}_max_new_tokens")
         over = sum(n > cap for n in lengths) / len(lengths)

@@ -58,25 +58,19 @@ def sft_samples(task: Task, traj: Trajectory, tokenizer, style: PromptStyle,
         merged = merge_turns(turns) if merge_caller and len(turns) > 1 else None
         out += [merged] if merged is not None else turns
     if "simulator" in roles:
-        earlier: list[tuple[ToolCall, str]] = []
-        pairs = trajectory_calls(traj)
-        for turn, (call, answer) in enumerate(pairs):
-            prompt = render_simulator_prompt(tokenizer, task, call, earlier, style)
-            body = answer.content + RESULT_CLOSE
-            if not style.prefill_result_tag:
-                body = RESULT_OPEN + body
-            target = _ids(tokenizer, body)
-            out.append(TurnSample(role="simulator", group_id=task.id, trajectory_index=0, turn=turn,
-                                  prompt_ids=prompt, gen_ids=target, logprobs=[0.0] * len(target)))
-            earlier.append((call, answer.content))
-        rng = random.Random(f"probes:{task.id}")
-        for p in probe_calls(task, [c for c, _ in pairs], error_probes, rng=rng):
-            before = [(c, a.content) for c, a in pairs[:p.position]]
-            prompt = render_simulator_prompt(tokenizer, task, p.call, before, style)
-            body = dump_result(p.result) + RESULT_CLOSE
+        pairs = [(c, a.content) for c, a in trajectory_calls(traj)]
+
+        def sample(call: ToolCall, position: int, result_text: str, turn: int) -> TurnSample:
+            """The simulator prompt for ``call`` after the real calls before ``position`` -> the result."""
+            body = result_text + RESULT_CLOSE
             target = _ids(tokenizer, body if style.prefill_result_tag else RESULT_OPEN + body)
-            out.append(TurnSample(role="simulator", group_id=task.id, trajectory_index=0, turn=len(pairs) + p.position,
-                                  prompt_ids=prompt, gen_ids=target, logprobs=[0.0] * len(target)))
+            return TurnSample(role="simulator", group_id=task.id, trajectory_index=0, turn=turn,
+                              prompt_ids=render_simulator_prompt(tokenizer, task, call, pairs[:position], style),
+                              gen_ids=target, logprobs=[0.0] * len(target))
+
+        out += [sample(call, i, text, i) for i, (call, text) in enumerate(pairs)]
+        probes = probe_calls(task, [c for c, _ in pairs], error_probes, rng=random.Random(f"probes:{task.id}"))
+        out += [sample(p.call, p.position, dump_result(p.result), len(pairs) + p.position) for p in probes]
     return out
 
 
