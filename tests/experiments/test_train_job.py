@@ -429,6 +429,18 @@ def test_a_run_on_an_adapter_directory_trains_that_adapter_on(tmp_path):
                                            "out=" + str(tmp_path / "d")]), log=lambda *_: None)
 
 
+def test_a_frozen_simulator_may_be_a_run_adapter(tmp_path):
+    """``source: simulator`` with ``sim_model: <an adapter directory>`` (e.g. a world model trained
+    apart) loads it frozen as it is; it was refused by the trainable-adapter checks."""
+    from envace.train.checkpoint import resolve_checkpoint
+
+    base = train(load_config(_cfg(tmp_path), ["steps=0", "out=" + str(tmp_path / "a")]), log=lambda *_: None)
+    world_model = resolve_checkpoint(base.path / "sft")
+    run = train(load_config(_cfg(tmp_path), ["steps=1", "source=simulator", f"sim_model={world_model}",
+                                             "sft.enabled=false", "out=" + str(tmp_path / "b")]), log=lambda *_: None)
+    assert 1 in _train_rows(run)
+
+
 def test_sft_error_probes_reach_the_warm_start(tmp_path):
     def samples(over):
         lines: list[str] = []

@@ -76,6 +76,15 @@ def load_policy(spec: str, lora: LoraConfig) -> tuple[nn.Module, object]:
     return with_lora(model, lora), tok
 
 
+def load_frozen(spec: str) -> nn.Module:
+    """A model that only generates (a frozen simulator): a LoRA adapter directory loads as it is,
+    without the trainable-adapter checks of ``with_lora``."""
+    model, _ = load_model(spec)
+    model.requires_grad_(False)
+    model.eval()
+    return model
+
+
 def split_for_mode(policy: nn.Module, tokenizer: object, mode: str) -> RunModels:
     """``share``/``frozen_caller`` use the policy for both roles; the two-model modes start both
     models from the same (warm-started) policy, and ``caller_only`` freezes the simulator."""

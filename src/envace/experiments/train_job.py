@@ -27,7 +27,7 @@ from envace.experiments.trackers import json_config, make_trackers
 from envace.envs.registry import spec_label
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
 from envace.experiments.rollout_backends import rollout_backends
-from envace.experiments.models import RunModels, frozen_copy, load_policy, split_for_mode, with_lora
+from envace.experiments.models import RunModels, frozen_copy, load_frozen, load_policy, split_for_mode, with_lora
 from envace.experiments.progress import JobClock, StepProgress
 from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
@@ -518,7 +518,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     device = _device(acc, cfg)
     sim_model = models.for_role("simulator")
     if cfg.source == "simulator":
-        sim_model = st.start_model if cfg.sim_model is None else load_policy(cfg.sim_model, cfg.lora.model_copy(update={"enabled": False}))[0]
+        sim_model = st.start_model if cfg.sim_model is None else load_frozen(cfg.sim_model)
     backends = rollout_backends(cfg, models, sim_model, tok, device, run.path)
     caller_backend, sim_backend = backends.caller, backends.simulator
     if backends.pushers:
