@@ -367,6 +367,11 @@ def test_a_run_from_a_shared_warm_start_can_skip_its_start_eval(tmp_path):
     from envace.core.jsonl import read_jsonl_dicts
 
     assert {r["step"] for r in read_jsonl_dicts(run.path / "evals.jsonl")} == {1}
+    # steps: 0 with eval.at_start: false is an SFT-only run: its end is its start, so no eval at all.
+    sft_only = train(load_config(_cfg(tmp_path), ["steps=0", "eval.at_start=false", "out=" + str(tmp_path / "sft")]),
+                     log=lambda *_: None)
+    assert not [r for r in sft_only.metrics() if r["phase"] == "eval"]
+    assert (sft_only.path / "sft" / "latest").exists()
 
 
 def test_grpo_settings_reach_the_updater(tmp_path):

@@ -132,7 +132,8 @@ class SFTConfig(_Section):
 class EvalConfig(_Section):
     every: int = Field(5, ge=0, description="steps between real-world evaluations (0: only at start and end)")
     at_start: bool = Field(True, description="evaluate the start model (step 0); false when another run from "
-                           "the same warm start (sft.init_from) already did, e.g. comparing response sources")
+                           "the same warm start (sft.init_from) already did, e.g. comparing response sources; "
+                           "with steps: 0, no eval at all (an SFT-only run)")
     tasks: int = Field(24, ge=1)
     split: Literal["train", "test", "pool"] = Field(
         "test", description="test: held-out tasks; pool: the first `tasks` of the tasks GRPO trains on (with "

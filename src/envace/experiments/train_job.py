@@ -474,8 +474,15 @@ def job_plan(cfg: TrainConfig, resume: bool) -> list[tuple[str, str]]:
                             "have references and a real world"))
     evals = f", real-world eval every {cfg.eval.every}" if cfg.eval.every else ""
     plan.append(("train", f"{cfg.steps} GRPO steps x {cfg.tasks_per_step} tasks x G={cfg.group_size}{evals}"))
-    plan.append(("final eval", f"{cfg.eval.tasks} tasks x {cfg.eval.samples} episodes"))
+    if _final_eval_wanted(cfg):
+        plan.append(("final eval", f"{cfg.eval.tasks} tasks x {cfg.eval.samples} episodes"))
     return plan
+
+
+def _final_eval_wanted(cfg: TrainConfig) -> bool:
+    """With ``steps: 0`` the end is the start: ``eval.at_start: false`` then means no eval at all
+    (an SFT-only run, e.g. a world model measured by ``eval --fidelity`` instead)."""
+    return cfg.steps > 0 or cfg.eval.at_start
 
 
 def job_clock(cfg: TrainConfig, resume: bool = False) -> JobClock:
@@ -630,7 +637,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if bar is not None:
         bar.close()
     # Also after a resume whose run was killed during its final eval: that eval is redone.
-    final_missing = dist.broadcast_object(acc, main and not any(
+    final_missing = dist.broadcast_object(acc, main and _final_eval_wanted(cfg) and not any(
         m.get("phase") == "eval" and m.get("step") == cfg.steps for m in run.metrics()))
     if final_missing:
         final = do_eval(cfg.steps)
