@@ -48,11 +48,14 @@ def _continue_adapter(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     return model
 
 
+def _freeze(model: nn.Module) -> nn.Module:
+    model.requires_grad_(False)
+    model.eval()
+    return model
+
+
 def frozen_copy(model: nn.Module) -> nn.Module:
-    twin = copy.deepcopy(model)
-    twin.requires_grad_(False)
-    twin.eval()
-    return twin
+    return _freeze(copy.deepcopy(model))
 
 
 @dataclass
@@ -79,10 +82,7 @@ def load_policy(spec: str, lora: LoraConfig) -> tuple[nn.Module, object]:
 def load_frozen(spec: str) -> nn.Module:
     """A model that only generates (a frozen simulator): a LoRA adapter directory loads as it is,
     without the trainable-adapter checks of ``with_lora``."""
-    model, _ = load_model(spec)
-    model.requires_grad_(False)
-    model.eval()
-    return model
+    return _freeze(load_model(spec)[0])
 
 
 def split_for_mode(policy: nn.Module, tokenizer: object, mode: str) -> RunModels:
