@@ -80,9 +80,9 @@ def load_policy(spec: str, lora: LoraConfig) -> tuple[nn.Module, object]:
 
 
 def load_frozen(spec: str) -> nn.Module:
-    """A model that only generates (a frozen simulator): a LoRA adapter directory loads as it is,
-    without the trainable-adapter checks of ``with_lora``."""
-    return _freeze(load_model(spec)[0])
+    """A model that only generates (a frozen simulator): a LoRA adapter directory loads merged into
+    its base (nothing trains it, and every rollout generates with it), without ``with_lora``'s checks."""
+    return _freeze(load_model(spec, merge_lora=True)[0])
 
 
 def split_for_mode(policy: nn.Module, tokenizer: object, mode: str) -> RunModels:
