@@ -1,5 +1,6 @@
 """The bf16 lever on the GRPO update (issue #20, item 1): one update of SmolLM2 + LoRA in fp32
-against the same update under CPU bf16 autocast (this CPU has AVX512-BF16), on the same samples.
+against the same update with ``mixed_precision: bf16`` (the shipped option: the forward under bf16
+autocast, fp32 weights and optimiser; this CPU has AVX512-BF16), on the same samples.
 
 Usage: python benchmarks/bf16_update.py [--model smollm2] [--tasks 2] [--group-size 2]
            [--max-turns 2] [--repeats 2] [--threads 1]
@@ -9,7 +10,9 @@ sampler log-probs filled in by the fp32 model). Two copies of the model start fr
 weights; each repeat times one step of each, alternating who goes first. Printed: tokens per
 second of each (median [min-max]) and the paired ratio, and the numerics: the largest and mean
 absolute difference between the bf16 and fp32 log-probs of the batch's generated tokens at the
-start weights, and how far the two steps moved the LoRA weights apart (relative).
+start weights, the cosine between the two gradients there, and how far the steps moved the LoRA
+weights apart (relative). ``--old-logprobs current`` (default, as bf16 rollouts train): each side's
+PPO ratio is taken against its own forward.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -52,6 +56,7 @@ def main() -> None:
     p.add_argument("--micro-batch-tokens", type=int, default=4096)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--old-logprobs", choices=["current", "sampler"], default="current")
     args = start(p, "GRPO update: fp32 vs bf16 autocast (SmolLM2 + LoRA r=16)")
     from peft import LoraConfig, get_peft_model
 
@@ -67,15 +72,19 @@ def main() -> None:
     print(f"samples     {sample_stats(scored)}")
     gap_max, gap_mean = logprob_gap(fp32, scored, pad_id, args.micro_batch_tokens)
     print(f"log-probs   bf16 autocast vs fp32 at the start weights: max |diff| {gap_max:.4f}, mean {gap_mean:.5f}")
-    cfg = UpdaterConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id)
-    ups = {"fp32": GRPOUpdater(fp32, cfg), "bf16": GRPOUpdater(bf16, cfg)}
+    cfg = UpdaterConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id,
+                        old_logprobs=args.old_logprobs)
+    ups = {"fp32": GRPOUpdater(fp32, cfg), "bf16": GRPOUpdater(bf16, replace(cfg, mixed_precision="bf16"))}
+    grads = {}
+    for name, up in ups.items():
+        up.compute_gradients(scored)
+        grads[name] = torch.cat([p.grad.flatten() for p in up.params])
+        up.optimizer.zero_grad(set_to_none=True)
+    cos = float(torch.nn.functional.cosine_similarity(grads["fp32"].double(), grads["bf16"].double(), dim=0))
+    print(f"gradient    cosine(bf16, fp32) at the start weights: {cos:.6f}")
 
     def step(name: str, batch) -> None:
-        if name == "bf16":
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                ups[name].step(batch)
-        else:
-            ups[name].step(batch)
+        ups[name].step(batch)
 
     times: dict[str, list[float]] = {"fp32": [], "bf16": []}
     for rep in range(args.repeats + 1):  # repeat 0 is the warm-up, not timed

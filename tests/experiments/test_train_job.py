@@ -457,3 +457,20 @@ def test_sft_error_probes_reach_the_warm_start(tmp_path):
 
     plain, probed = samples(["p"]), samples(["sft.error_probes=1", "q"])
     assert plain < probed <= plain + 3  # at most one probe per trajectory
+
+
+def test_mixed_precision_reaches_the_sft_and_the_grpo_update(tmp_path):
+    """mixed_precision: bf16 runs the warm start's and the update's forward in bf16 autocast: the
+    same run otherwise, its SFT loss and its trainer log-probs move off the fp32 run's by rounding."""
+    rows = {}
+    for precision in ("no", "bf16"):
+        run = train(load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "dtype": "bfloat16"},
+                                     grpo={"lr": 1e-3, "kl_coef": 0.01}, mixed_precision=precision),
+                                ["steps=1", "out=" + str(tmp_path / precision)]), log=lambda *_: None)
+        sft = next(r for r in run.metrics() if r.get("phase") == "sft" and "sft/first_loss" in r)
+        rows[precision] = (sft["sft/first_loss"], _train_rows(run)[1]["logprob_gap_max"])
+    (sft32, gap32), (sft16, gap16) = rows["no"], rows["bf16"]
+    assert sft16 == pytest.approx(sft32, rel=0.02) and sft16 != sft32
+    assert 0 < gap16 < 0.5 and gap16 != gap32
+    with pytest.raises(ConfigError, match=r"field 'mixed_precision'"):
+        load_config(_cfg(tmp_path, mixed_precision="fp16"))

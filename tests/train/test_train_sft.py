@@ -101,3 +101,22 @@ def test_error_probe_samples_teach_the_real_error_of_a_plausible_missing_id(tiny
         assert text.endswith(RESULT_CLOSE) and json.loads(text[: -len(RESULT_CLOSE)]) == real
         original = calls[probe.position].arguments[key_arg]
         assert missing.split("-")[0] == original.split("-")[0] and len(missing) == len(original)
+
+
+def test_sft_in_bf16_mixed_precision_learns_as_fp32_does():
+    """run_sft(mixed_precision='bf16') fits the oracle samples about as fp32 does, with fp32
+    weights (it is the forward's dtype that changes, not the model's)."""
+    from envace.train.sft import run_sft
+
+    losses = {}
+    for precision in ("no", "bf16"):
+        model, tok = load_model("tiny")
+        samples = oracle_sft_samples(load_tasks("bank", "train", limit=4), tok, PromptStyle())
+        stats = run_sft(model, samples, epochs=4, lr=3e-3, batch_samples=4, pad_id=tok.pad_token_id or 0,
+                        mixed_precision=precision)
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        assert stats.last_loss < 0.8 * stats.first_loss
+        losses[precision] = (stats.first_loss, stats.last_loss)
+    assert losses["bf16"][0] == pytest.approx(losses["no"][0], rel=0.02)  # same start, bf16 rounding apart
+    assert losses["bf16"][0] != losses["no"][0]
+    assert losses["bf16"][1] == pytest.approx(losses["no"][1], rel=0.15)

@@ -310,3 +310,37 @@ def test_gradient_checkpointing_gives_the_same_gradient_without_prefix_sharing()
         torch.testing.assert_close(grads[True][n], grads[False][n], atol=1e-6, rtol=1e-4)
     with pytest.raises(ValueError, match="needs a transformers model"):
         GRPOUpdater(torch.nn.Linear(2, 2), UpdaterConfig(gradient_checkpointing=True))
+
+
+def test_bf16_mixed_precision_runs_the_forward_in_bf16_and_keeps_fp32_weights():
+    """mixed_precision='bf16': the loss's forward runs in bf16 (its log-probs move off fp32's, a
+    little), the gradient points where fp32's does, and weights, gradients and Adam state stay fp32."""
+    from envace.train.grpo_loss import autocast, token_logprobs
+    from envace.train.batching import pack_samples
+
+    batch = random_scored_batch(make_tiny_model(7), 8, seed=3)
+    grads, stats = {}, {}
+    for precision in ("no", "bf16"):
+        model = make_tiny_model(7)
+        up = GRPOUpdater(model, UpdaterConfig(lr=1e-3, mixed_precision=precision, old_logprobs="current"))
+        stats[precision] = up.compute_gradients(copy.deepcopy(batch))
+        grads[precision] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
+        up.step(copy.deepcopy(batch))
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        assert all(v.dtype == torch.float32 for st in up.optimizer.state.values() for v in st.values()
+                   if torch.is_tensor(v) and v.dim())
+    cos = torch.nn.functional.cosine_similarity(grads["no"], grads["bf16"], dim=0)
+    assert 0.95 < float(cos) < 1.0 - 1e-7, float(cos)  # close, and not the fp32 computation itself
+    assert stats["bf16"]["ratio_mean"] == 1.0  # its own forward is the ratio's denominator
+    model = make_tiny_model(7)
+    packed = pack_samples(batch)
+    with torch.no_grad():
+        full, _ = token_logprobs(model, packed)
+        with autocast(model, "bf16"):
+            low, _ = token_logprobs(model, packed)
+    assert low.dtype == torch.float32
+    gap = (low - full)[packed.token_mask].abs().max()
+    assert 0.0 < float(gap) < 0.1
+    with pytest.raises(ValueError, match="'no' or 'bf16'"):
+        autocast(model, "fp16")

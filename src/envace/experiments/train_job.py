@@ -292,7 +292,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
                     batch_samples=cfg.sft.batch_samples, schedule=cfg.sft.schedule,
                     seed=cfg.seed, pad_id=tokenizer.pad_token_id or 0,
-                    on_step=_on_step(bar, threads))
+                    on_step=_on_step(bar, threads), mixed_precision=cfg.mixed_precision)
     bar.close()
     run.log_metrics({"phase": "sft", "step": 0, "sft/first_loss": stats.first_loss, "sft/last_loss": stats.last_loss,
                      "sft/samples": stats.samples, "sft/tokens": stats.tokens, "sft/seconds": time.perf_counter() - t0})
@@ -321,7 +321,7 @@ def _recompute_logprobs(cfg: TrainConfig, spec: Any, updaters: dict, tok: Any, s
             if mine:
                 temp = temps[role] if isinstance(temps, dict) else temps
                 gap = max(gap, recompute_logprobs(up.model, mine, temp, up.config.pad_id,
-                                                  up.config.micro_batch_tokens))
+                                                  up.config.micro_batch_tokens, up.config.mixed_precision))
     return gap
 
 
@@ -330,7 +330,7 @@ def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
     the sampler's temperatures (so new and old log-probs compare) and the pad id."""
     return UpdaterConfig.from_sections(cfg.grpo, temperature=cfg.rollout.temperature,
                                        simulator_temperature=cfg.rollout.simulator_temperature,
-                                       pad_id=tokenizer.pad_token_id or 0,
+                                       pad_id=tokenizer.pad_token_id or 0, mixed_precision=cfg.mixed_precision,
                                        old_logprobs="current" if _own_forward_logprobs(cfg) else "sampler")
 
 

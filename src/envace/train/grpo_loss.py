@@ -7,6 +7,7 @@ mode this is what ``frozen_caller`` means (the simulator still learns through it
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -24,6 +25,9 @@ LossAgg = Literal["token_mean", "seq_mean"]
 Temperature = float | Mapping[Role, float]
 # the PPO ratio's denominator: the sampler's stored log-probs, or the trainer's at this forward
 OldLogprobs = Literal["sampler", "current"]
+# the forward's compute dtype: "no" fp32 throughout; "bf16" autocast (weights, gradients and the
+# optimiser state stay fp32, as accelerate's mixed_precision "bf16" means)
+MixedPrecision = Literal["no", "bf16"]
 ROLES: tuple[Role, ...] = ("caller", "simulator")
 
 # Keys of the stats dict, by how micro-batch values combine into a full-batch value.
@@ -42,6 +46,17 @@ def _forward_kwargs(model: nn.Module) -> set[str]:
 
 def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def autocast(model: nn.Module, precision: MixedPrecision) -> contextlib.AbstractContextManager:
+    """The context a forward of ``model`` runs in under ``precision``: torch's bf16 autocast on
+    the model's device (CPUs with AVX512-BF16 or AMX, and GPUs, run its matmuls at bf16 speed), or
+    nothing. Log-softmax runs in fp32 either way (``token_logprobs`` upcasts the head's output)."""
+    if precision == "no":
+        return contextlib.nullcontext()
+    if precision != "bf16":
+        raise ValueError(f"mixed_precision must be 'no' or 'bf16', not {precision!r}")
+    return torch.autocast(device_type=model_device(model).type, dtype=torch.bfloat16)
 
 
 def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
@@ -328,7 +343,7 @@ def merge_loss_stats(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 @torch.no_grad()
 def recompute_logprobs(model: nn.Module, samples: Sequence[TurnSample], temperature: Temperature = 1.0,
-                       pad_id: int = 0, micro_batch_tokens: int = 4096) -> float:
+                       pad_id: int = 0, micro_batch_tokens: int = 4096, precision: MixedPrecision = "no") -> float:
     """Replace each sample's sampler log-probs by the trainer's own at the current weights, and
     return the largest absolute difference (0.0 for no tokens).
 
@@ -340,7 +355,8 @@ def recompute_logprobs(model: nn.Module, samples: Sequence[TurnSample], temperat
     gap = 0.0
     for mb in split_micro_batches(wrapped, micro_batch_tokens):
         packed = pack_samples(mb, pad_id)
-        logp, _ = token_logprobs(model, packed, temperature)  # shared prompt prefixes run once, as in the loss
+        with autocast(model, precision):  # the update's own precision, so the ratio starts at 1
+            logp, _ = token_logprobs(model, packed, temperature)  # shared prompt prefixes run once, as in the loss
         for row, s in enumerate(mb):
             mask = packed.token_mask[row]
             lo = int(mask.nonzero()[0]) if mask.any() else 0

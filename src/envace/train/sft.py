@@ -27,7 +27,7 @@ from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import RealSource, dump_result
 from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_turns, pack_samples, split_micro_batches
-from envace.train.grpo_loss import token_logprobs
+from envace.train.grpo_loss import MixedPrecision, autocast, token_logprobs
 from envace.train.step import trainable_parameters
 
 
@@ -144,9 +144,11 @@ def lr_factor(step: int, total: int, schedule: str, warmup: float = 0.05) -> flo
 
 def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr: float = 2e-4,
             batch_samples: int = 16, micro_batch_tokens: int = 4096, seed: int = 0, pad_id: int = 0,
-            on_step: Callable[[int, int, float], None] | None = None, schedule: str = "constant") -> SFTStats:
+            on_step: Callable[[int, int, float], None] | None = None, schedule: str = "constant",
+            mixed_precision: MixedPrecision = "no") -> SFTStats:
     """Plain AdamW fine-tuning over shuffled batches of ``batch_samples``, accumulated over
-    micro-batches that fit ``micro_batch_tokens``; learning rate per ``lr_factor``."""
+    micro-batches that fit ``micro_batch_tokens``; learning rate per ``lr_factor``; the forward
+    under ``mixed_precision`` (grpo_loss.autocast)."""
     if not samples:
         raise ValueError("run_sft: no samples")
     params = trainable_parameters(model)
@@ -168,7 +170,8 @@ def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr
             total = 0.0
             scored = [ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in batch]
             for mb in split_micro_batches(scored, micro_batch_tokens):
-                loss = sft_loss(model, [m.sample for m in mb], tokens, pad_id)
+                with autocast(model, mixed_precision):
+                    loss = sft_loss(model, [m.sample for m in mb], tokens, pad_id)
                 loss.backward()
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -20,7 +20,8 @@ from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_trajectory_turns, padding_fraction, split_micro_batches
 from envace.train.collectives import (gather_objects, launched_distributed, merge_rank_stats, num_processes,
                                       reduce_max, reduce_sum, set_sync)
-from envace.train.grpo_loss import ROLES, LossAgg, OldLogprobs, grpo_loss, merge_loss_stats, role_normalizers
+from envace.train.grpo_loss import (ROLES, LossAgg, MixedPrecision, OldLogprobs, autocast, grpo_loss,
+                                    merge_loss_stats, role_normalizers)
 from envace.train.modes import ModeSpec
 
 
@@ -57,6 +58,8 @@ class UpdaterConfig:
     # Layer activations recomputed in the backward (transformers models): memory for compute. The
     # layers then drop a key/value cache, so shared prefixes cannot run once: share_prefixes is off.
     gradient_checkpointing: bool = False
+    # The forward's compute dtype (grpo_loss.autocast); the backward follows it.
+    mixed_precision: MixedPrecision = "no"
 
     @classmethod
     def from_sections(cls, section: Any, **extra: Any) -> "UpdaterConfig":
@@ -237,8 +240,9 @@ class GRPOUpdater:
             real = i < len(micro)
             mb = micro[i] if real else [_padding_sample(cfg.pad_id, pad_role)]
             with self._sync(last=i == passes - 1):
-                loss, stats = grpo_loss(self.scorer, mb, ref_model=self.ref_model, normalizers=normalizers,
-                                        **cfg.loss_settings())
+                with autocast(self.model, cfg.mixed_precision):
+                    loss, stats = grpo_loss(self.scorer, mb, ref_model=self.ref_model, normalizers=normalizers,
+                                            **cfg.loss_settings())
                 loss = loss if real else loss * 0.0
                 if acc is not None:
                     acc.backward(loss)
