@@ -3,7 +3,7 @@
 Usage: python benchmarks/train_throughput.py [--model smollm2] [--tasks 2] [--group-size 2]
            [--max-turns 2] [--micro-batch-tokens 4096] [--repeats 2] [--threads 1]
            [--only grpo|plain|trl] [--trl] [--recompute] [--lora]
-           [--gradient-checkpointing]
+           [--gradient-checkpointing] [--mixed-precision bf16]
 
 Samples: the scripted oracle's trajectories of the first ``--tasks`` shop test tasks (real
 prompts as the rollout engine renders them, real tool results), ``--group-size`` copies each,
@@ -20,6 +20,8 @@ PPO ratio starts at 1, as in a real step).
 * **recompute** / **own-forward** (``--recompute``): rollouts from a bf16 copy or a serving engine
   need the trainer's log-probs; a separate scoring pass before the update, or the update's own
   forward (``UpdaterConfig.old_logprobs="current"``, what ``envace train`` does at one PPO epoch).
+  With ``--mixed-precision bf16`` a third side, **own-forward-bf16**, is that update under
+  ``mixed_precision: bf16``: the whole lever stack against the separate-pass fp32 update.
 
 All sides run back to back in one process, alternating, ``--repeats`` times after one warm-up step
 each; the figure is tokens (prompt + generated, no padding) per second of update wall time, and
@@ -200,6 +202,8 @@ def main() -> None:
     p.add_argument("--recompute", action="store_true",
                    help="rollouts from another dtype/engine: time a separate log-prob recompute pass + the update "
                         "(recompute) against the update taking them from its own forward (own-forward)")
+    p.add_argument("--mixed-precision", choices=["no", "bf16"], default="no",
+                   help="with --recompute: also time the own-forward update under mixed_precision bf16")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="grpo side: grpo.gradient_checkpointing (activations recomputed in the backward)")
     args = start(p, "training throughput: role-wise GRPO update vs plain forward/backward/step")
@@ -256,6 +260,9 @@ def main() -> None:
 
         sides["recompute"] = recompute_then_update
         sides["own-forward"] = own_side.step
+        if args.mixed_precision == "bf16":
+            sides["own-forward-bf16"] = GRPOUpdater(model, UpdaterConfig(**cfg, old_logprobs="current",
+                                                                          mixed_precision="bf16")).step
     if args.only == "trl" or (args.only is None and args.trl):
         trl = TRLStep(model, tok, args.lr, args.micro_batch_tokens, pad_id, own_copy=bool(sides))
         sides["trl"] = trl.step
@@ -281,6 +288,9 @@ def main() -> None:
         if "recompute" in sides:
             print(f"repeat {rep}  own-forward/recompute throughput = "
                   f"{times['recompute'][-1] / times['own-forward'][-1]:.3f}", flush=True)
+        if "own-forward-bf16" in sides:
+            print(f"repeat {rep}  own-forward-bf16/recompute throughput = "
+                  f"{times['recompute'][-1] / times['own-forward-bf16'][-1]:.3f}", flush=True)
         if "grpo" in sides and "trl" in sides:
             print(f"repeat {rep}  grpo/trl throughput = {times['trl'][-1] / times['grpo'][-1]:.3f}", flush=True)
     print("-- summary (median [min-max])")
@@ -290,6 +300,9 @@ def main() -> None:
         print(f"grpo / plain  {spread(ratios)}   (target >= 0.9)")
     if "recompute" in sides:
         print(f"own-forward / recompute  {spread([r / o for r, o in zip(times['recompute'], times['own-forward'])])}")
+    if "own-forward-bf16" in sides:
+        print(f"own-forward-bf16 / recompute  "
+              f"{spread([r / o for r, o in zip(times['recompute'], times['own-forward-bf16'])])}")
     if "grpo" in sides and "trl" in sides:
         print(f"grpo / trl    {spread([t / g for t, g in zip(times['trl'], times['grpo'])])}")
     if "grpo-unmerged" in sides and "plain" in sides:
