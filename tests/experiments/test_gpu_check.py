@@ -18,7 +18,7 @@ TINY = ("--set steps=1 --set tasks_per_step=1 --set group_size=2 --set worlds=[s
 
 @pytest.mark.slow  # four tiny training jobs in subprocesses
 def test_gpu_check_runs_every_source_from_one_warm_start_and_prints_the_paired_table(tmp_path):
-    env = {**os.environ, "SETS": TINY, "DEVICE": "cpu",
+    env = {**os.environ, "SETS": TINY, "DEVICE": "cpu", "PRECISION": "bf16",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     out = tmp_path / "check"
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "tiny", str(out)], cwd=ROOT, env=env,
@@ -29,6 +29,7 @@ def test_gpu_check_runs_every_source_from_one_warm_start_and_prints_the_paired_t
     assert len(rows) == 3 and all("(start run)" in r for r in rows), table
     base = RunDir.open(next((out / "rehearsal").iterdir()))
     assert base.config()["sft"]["init_from"] is None  # the one warm start is trained here
+    assert base.config()["mixed_precision"] == "bf16"
     for src in ("real", "simulator"):
         cfg = RunDir.open(next((out / src).iterdir())).config()
         assert cfg["source"] == src and cfg["sft"]["init_from"] == str(base.path / "sft")

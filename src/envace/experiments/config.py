@@ -234,8 +234,8 @@ class TrainConfig(_Section):
                                 "checked again between steps)")
     mixed_precision: Literal["no", "bf16"] = Field(
         "no", description="the SFT and GRPO updates' forward in bf16 autocast (weights, gradients and optimiser "
-        "state stay fp32): faster on GPUs and on CPUs with AVX512-BF16 or AMX; log-probs then differ from fp32 "
-        "in the second decimal. Rollouts' dtype: rollout.dtype. Under accelerate launch, accelerate's own "
+        "state stay fp32): faster on GPUs and on CPUs with AVX512-BF16 or AMX; log-probs then carry bf16 "
+        "rounding (docs/results.md). Rollouts' dtype: rollout.dtype. Under accelerate launch, accelerate's own "
         "--mixed_precision applies as well")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$",
                         description="torch device of a one-process run: auto (cuda when available, else cpu), "
