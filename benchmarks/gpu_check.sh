@@ -8,19 +8,20 @@
 # MODEL: smollm2 (default) or any local Hugging Face model directory (e.g. /models/Qwen3-1.7B).
 # CONFIG=configs/smollm2_cpu.yaml by default; SETS="--set steps=20 ..." adds overrides to every
 # run (the CPU test runs it at a tiny size this way); DEVICE=auto (cuda when torch sees one);
-# DTYPE=bfloat16 generates rollouts and evals with a bf16 copy of the policy (rollout.dtype);
-# PRECISION=bf16 runs the SFT and GRPO forward in bf16 autocast (mixed_precision).
+# DTYPE=bfloat16|float32 sets rollout.dtype (rollouts and evals from a bf16 copy of the policy) and
+# PRECISION=bf16|no sets mixed_precision (the SFT and GRPO forward in bf16 autocast); unset, the
+# config's own values hold.
 # Prints the table and writes OUT/table.md, OUT/curves.png and each run's directory.
 set -euo pipefail
 MODEL=${1:-smollm2}
 OUT=${2:-runs/gpu-check-$(date +%Y%m%d-%H%M%S)}
 CONFIG=${CONFIG:-configs/smollm2_cpu.yaml}
 DEVICE=${DEVICE:-auto}
-DTYPE=${DTYPE:-float32}
-PRECISION=${PRECISION:-no}
 read -r -a sets <<< "${SETS:-}"
-common=(--config "$CONFIG" --set model="$MODEL" --set device="$DEVICE" --set rollout.dtype="$DTYPE"
-        --set mixed_precision="$PRECISION" "${sets[@]}")
+common=(--config "$CONFIG" --set model="$MODEL" --set device="$DEVICE")
+[[ -n "${DTYPE:-}" ]] && common+=(--set rollout.dtype="$DTYPE")
+[[ -n "${PRECISION:-}" ]] && common+=(--set mixed_precision="$PRECISION")
+common+=("${sets[@]}")
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1
 python - <<'EOF' | tee "$OUT/machine.txt"
