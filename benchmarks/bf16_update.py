@@ -83,14 +83,11 @@ def main() -> None:
     cos = float(torch.nn.functional.cosine_similarity(grads["fp32"].double(), grads["bf16"].double(), dim=0))
     print(f"gradient    cosine(bf16, fp32) at the start weights: {cos:.6f}")
 
-    def step(name: str, batch) -> None:
-        ups[name].step(batch)
-
     times: dict[str, list[float]] = {"fp32": [], "bf16": []}
     for rep in range(args.repeats + 1):  # repeat 0 is the warm-up, not timed
         for name in (["fp32", "bf16"] if rep % 2 == 0 else ["bf16", "fp32"]):
             t = time.perf_counter()
-            step(name, scored)
+            ups[name].step(scored)
             dt = time.perf_counter() - t
             if rep:
                 times[name].append(dt)
