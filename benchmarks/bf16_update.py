@@ -34,7 +34,7 @@ from envace.core.prompts import PromptStyle  # noqa: E402
 from envace.experiments.tasks import select_tasks  # noqa: E402
 from envace.policy.loading import load_model  # noqa: E402
 from envace.train.batching import pack_samples, sequence_length, split_micro_batches  # noqa: E402
-from envace.train.grpo_loss import token_logprobs  # noqa: E402
+from envace.train.grpo_loss import autocast, token_logprobs  # noqa: E402
 from envace.train.step import GRPOUpdater, UpdaterConfig  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def logprob_gap(model, scored, pad_id: int, max_tokens: int) -> tuple[float, flo
     for mb in split_micro_batches(scored, max_tokens):
         packed = pack_samples(mb, pad_id=pad_id)
         ref, _ = token_logprobs(model, packed)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(model, "bf16"):  # the context the updater's forward runs in
             low, _ = token_logprobs(model, packed)
         diffs.append((low - ref)[packed.token_mask].abs())
     d = torch.cat(diffs)
