@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="generate in this dtype (bfloat16: faster on CPUs with AVX512-BF16; compare checkpoints "
                         "in one dtype)")
+    p.add_argument("--kv-reuse-tokens", type=int, default=0,
+                   help="keep up to this many tokens of key/value cache between turns, so a later turn "
+                        "prefills only its new tokens (0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs", help="parent folder of the run directory")
     p.add_argument("--name", default=None, help="run directory name (default eval-<time>-<id>)")
@@ -106,6 +109,7 @@ def _run(args: argparse.Namespace) -> int:
         difficulties=parse_int_list(args.difficulties, "--difficulties") if args.difficulties else None,
         tool_distractors=args.tool_distractors, tasks_per_world=args.tasks_per_world, fidelity_max_new_tokens=args.fidelity_max_new_tokens,
         summary_max_new_tokens=args.summary_max_new_tokens, device=args.device, dtype=args.dtype,
+        kv_reuse_tokens=args.kv_reuse_tokens,
         rehearsal_temperature=args.rehearsal_temperature, temperature=args.temperature, max_batch=args.max_batch,
         threads=args.threads, seed=args.seed, out=args.out, name=args.name,
         simulator_context=args.simulator_context)

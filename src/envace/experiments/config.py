@@ -55,6 +55,9 @@ class RolloutSettings(_Section):
                                             "model before the update; None: on for http and vllm backends, "
                                             "and when rollout.dtype differs from the trainer's. With grpo.ppo_epochs 1 the "
                                             "update's own forward does it (no separate pass)")
+    kv_reuse_tokens: int = Field(0, ge=0, description="backend transformers: keep up to this many tokens of "
+                                 "finished rows' key/value caches between generate calls, so an episode's "
+                                 "later turn prefills only its new tokens (policy/kv_reuse.py); 0: off")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="backend transformers: generate "
                                                   "rollouts and evals with a copy of the policy in this dtype "
                                                   "(bfloat16: faster on CPUs with AVX512-BF16 and on GPUs); the "

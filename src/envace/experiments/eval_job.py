@@ -92,6 +92,7 @@ class EvalJob:
     threads: int | None = None
     device: str = "cpu"
     dtype: str = "float32"  # generation: float32 | bfloat16 (a cast copy of the model)
+    kv_reuse_tokens: int = 0  # key/value caches kept between turns (policy/kv_reuse.py); 0: off
     out: str = "runs"
     name: str | None = None
 
@@ -175,6 +176,8 @@ def validate_job(job: EvalJob) -> int:
                  "max_batch"):
         if getattr(job, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(job, name)}")
+    if job.kv_reuse_tokens < 0:
+        raise ValueError(f"--kv-reuse-tokens must be >= 0, got {job.kv_reuse_tokens}")
     if job.temperature < 0 or job.rehearsal_temperature < 0:
         raise ValueError("temperatures must be >= 0")
     if job.memory not in MEMORY_KINDS:
@@ -357,8 +360,9 @@ def run_eval_job(job: EvalJob, log=print) -> RunDir:
     from envace.policy.threads import apply_threads
 
     apply_threads(job.threads, log)
-    caller = load_eval_backend(models.caller, job.max_batch, job.device, job.dtype)
-    sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch, job.device, job.dtype)
+    caller = load_eval_backend(models.caller, job.max_batch, job.device, job.dtype, job.kv_reuse_tokens)
+    sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch, job.device, job.dtype,
+                                                         job.kv_reuse_tokens)
     run = RunDir.create(job.out, "eval", job_config(job, models, budget), seed=job.seed, name=job.name)
     log(f"run directory: {run.path}")
     style = models.style or PromptStyle()

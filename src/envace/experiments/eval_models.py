@@ -121,7 +121,8 @@ def resolve_eval_models(spec: str) -> EvalModels:
                      f"at its top or in policy/ or caller/{held}; it holds {entries}")
 
 
-def load_eval_backend(spec: str, max_batch: int = 16, device: str = "cpu", dtype: str = "float32") -> Any:
+def load_eval_backend(spec: str, max_batch: int = 16, device: str = "cpu", dtype: str = "float32",
+                      kv_reuse_tokens: int = 0) -> Any:
     """Load a backend, turning any loading failure (a checkpoint that does not match its base,
     a corrupt file) into a one-line ValueError. ``dtype``: what generation runs in (the weights
     load in fp32, as training saw them, and a copy is cast: the same path as rollout.dtype)."""
@@ -131,7 +132,8 @@ def load_eval_backend(spec: str, max_batch: int = 16, device: str = "cpu", dtype
     low = generation_dtype(dtype)
     try:
         model, tokenizer = load_model(spec)
-        return TransformersBackend(model, tokenizer, max_batch=max_batch, device=device, dtype=low)
+        return TransformersBackend(model, tokenizer, max_batch=max_batch, device=device, dtype=low,
+                                   kv_reuse_tokens=kv_reuse_tokens)
     except (ModelSpecError, FileNotFoundError):  # already name the spec and say what is accepted
         raise
     except Exception as e:  # noqa: BLE001 - peft/safetensors/torch raise many kinds

@@ -47,7 +47,8 @@ def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: A
     recompute = r.recomputes_logprobs
 
     def local(model: nn.Module) -> TransformersBackend:
-        return TransformersBackend(model, tok, device=device, max_batch=r.max_batch, dtype=low)
+        return TransformersBackend(model, tok, device=device, max_batch=r.max_batch, dtype=low,
+                                   kv_reuse_tokens=r.kv_reuse_tokens)
 
     def frozen_sim() -> Any:  # an external simulator endpoint, as in the reference, or in process
         return _http(r.simulator_url, tok, r.server_batches) if r.simulator_url else local(sim_model)

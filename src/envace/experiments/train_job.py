@@ -171,7 +171,8 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
     On several processes each rank runs its share of the tasks; every rank gets all of them."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
     backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch,
-                                  dtype=generation_dtype(cfg.rollout.dtype))
+                                  dtype=generation_dtype(cfg.rollout.dtype),
+                                  kv_reuse_tokens=cfg.rollout.kv_reuse_tokens)
     mine, actor = dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed)
     k = cfg.eval.samples
     if bench is not None:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from envace.policy.kv_reuse import KVStore
 from envace.policy.prefixes import PrefixPlan, pad_rows, plan_shared_prefixes, prefix_inputs
 from envace.policy.sampling import FinishReason, Generation, SamplingParams
 
@@ -53,6 +54,7 @@ class TransformersBackend:
         device: str | torch.device = "cpu",
         max_batch: int = 16,
         dtype: torch.dtype | None = None,
+        kv_reuse_tokens: int = 0,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -75,6 +77,9 @@ class TransformersBackend:
         # reference path, kept for comparison and tests). Same tokens either way, up to float
         # rounding of the attention sums.
         self.share_prefixes = True
+        # Key/value caches kept between calls (kv_reuse.py): a later turn prefills only its new
+        # tokens. 0: off. Only for models whose every layer keeps a plain, full-length cache.
+        self.kv_store = KVStore(kv_reuse_tokens) if kv_reuse_tokens > 0 and _plain_cache(model) else None
 
     @classmethod
     def from_spec(cls, spec: str, dtype: torch.dtype = torch.float32, **kw: Any) -> "TransformersBackend":
@@ -93,21 +98,45 @@ class TransformersBackend:
         # Similar lengths share a batch, so less compute goes into padding, and equal prompts
         # (a group's G copies) sit together, so they share one prefill. Seeds follow the
         # prompt's original index, so this reordering never changes what is sampled.
-        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), list(prompts[i])))
+        reuse = self._reuse_plan(prompts)
+        # Similar lengths share a batch, so less compute goes into padding, and equal prompts
+        # (a group's G copies) sit together, so they share one prefill. Seeds follow the
+        # prompt's original index, so this reordering never changes what is sampled.
+        fresh = sorted((i for i in range(len(prompts)) if i not in reuse),
+                       key=lambda i: (len(prompts[i]), list(prompts[i])))
+        # Rows that start from a stored cache batch by the length of what they still prefill.
+        reused = sorted(reuse, key=lambda i: (len(prompts[i]) - reuse[i][0][0].shape[-2], i))
         results: list[Generation | None] = [None] * len(prompts)
         model = self._generating_model()
         was_training = model.training
         model.eval()  # no dropout while sampling, even if a trainer left it in train mode
         try:
             with torch.inference_mode():
-                for start in range(0, len(order), self.max_batch):
-                    chunk = order[start : start + self.max_batch]
-                    outs = self._generate_batch(model, [prompts[i] for i in chunk], chunk, params)
-                    for i, out in zip(chunk, outs):
-                        results[i] = out
+                for order, cached in ((fresh, None), (reused, reuse)):
+                    for start in range(0, len(order), self.max_batch):
+                        chunk = order[start : start + self.max_batch]
+                        start_from = [cached[i] for i in chunk] if cached is not None else None
+                        outs = self._generate_batch(model, [prompts[i] for i in chunk], chunk, params, start_from)
+                        for i, out in zip(chunk, outs):
+                            results[i] = out
         finally:
             model.train(was_training)
         return results  # type: ignore[return-value]
+
+    def _reuse_plan(self, prompts: list[list[int]]) -> dict[int, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Prompt index -> the stored keys/values it starts from (per layer, [heads, n, dim]).
+        The matched entries leave the store now: each row's new entry will contain its old one,
+        and nothing stored during this call can then evict a cache this call still needs."""
+        store = self.kv_store
+        if store is None:
+            return {}
+        store.check_weights(self.model)
+        store.prompt_tokens += sum(len(p) for p in prompts)
+        matches = {i: m for i, p in enumerate(prompts) if (m := store.match(p)) is not None}
+        plan = {i: store.take(key, n) for i, (key, n) in matches.items()}
+        store.drop([key for key, _ in matches.values()])
+        store.reused_tokens += sum(n for _, n in matches.values())
+        return plan
 
     def _generating_model(self) -> PreTrainedModel:
         """The model itself, or its copy in ``self.dtype`` with the current trainable weights."""
@@ -131,7 +160,12 @@ class TransformersBackend:
     # ------------------------------------------------------------------ decode loop
 
     def _generate_batch(
-        self, model: PreTrainedModel, prompts: Sequence[list[int]], indices: Sequence[int], params: SamplingParams
+        self,
+        model: PreTrainedModel,
+        prompts: Sequence[list[int]],
+        indices: Sequence[int],
+        params: SamplingParams,
+        start_from: Sequence[list[tuple[torch.Tensor, torch.Tensor]]] | None = None,
     ) -> list[Generation]:
         n = len(prompts)
         generators = None
@@ -140,8 +174,10 @@ class TransformersBackend:
                 torch.Generator(device=self.device).manual_seed(row_seed(params.seed, i)) for i in indices
             ]
         cache = DynamicCache(config=model.config)
-        plan = plan_shared_prefixes(prompts) if self.share_prefixes else None
-        if plan is None:
+        plan = plan_shared_prefixes(prompts) if self.share_prefixes and start_from is None else None
+        if start_from is not None:
+            logits, attention = self._prefill_from(model, prompts, start_from, cache)
+        elif plan is None:
             input_ids, attention = pad_rows(prompts, self.pad_id)
             # Positions count real tokens only, so a padded row sees the positions it would alone.
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -165,6 +201,8 @@ class TransformersBackend:
                 done[row] = self._finished(tokens[row], logprobs[row], params)
                 if done[row] is None:
                     keep.append(j)
+                elif self.kv_store is not None:
+                    self._store_row(cache, j, attention[j], prompts[row] + tokens[row][:-1])
             if not keep:
                 break
             if len(keep) < len(running):  # drop finished rows from every tensor and the cache
@@ -193,6 +231,44 @@ class TransformersBackend:
         logits = self._forward(model, x.tail_ids.to(self.device), attention, x.tail_pos.to(self.device), cache,
                                last_only=True)
         return logits, attention
+
+    def _prefill_from(
+        self, model: PreTrainedModel, prompts: Sequence[list[int]],
+        start_from: Sequence[list[tuple[torch.Tensor, torch.Tensor]]], cache: DynamicCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's stored keys/values (left-padded to the longest) go into ``cache``; only the
+        rest of each prompt runs, at its positions in the full prompt. Returns the last prompt
+        position's logits and the attention mask over the cache."""
+        lengths = [layers[0][0].shape[-2] for layers in start_from]
+        width = max(lengths)
+        for layer in range(len(start_from[0])):
+            k0, v0 = start_from[0][layer]
+            keys = k0.new_zeros((len(prompts), k0.shape[0], width, k0.shape[-1]))
+            values = v0.new_zeros((len(prompts), v0.shape[0], width, v0.shape[-1]))
+            for r, (layers, n) in enumerate(zip(start_from, lengths)):
+                keys[r, :, width - n :] = layers[layer][0]
+                values[r, :, width - n :] = layers[layer][1]
+            cache.update(keys.to(self.device), values.to(self.device), layer)
+        head_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for r, n in enumerate(lengths):
+            head_mask[r, width - n :] = 1
+        tail_ids, tail_mask = pad_rows([p[n:] for p, n in zip(prompts, lengths)], self.pad_id, "left")
+        offset = torch.tensor(lengths, dtype=torch.long)
+        tail_pos = offset[:, None] + (tail_mask.cumsum(-1) - 1).clamp(min=0)
+        attention = torch.cat([head_mask, tail_mask], dim=-1).to(self.device)
+        logits = self._forward(model, tail_ids.to(self.device), attention, tail_pos.to(self.device), cache,
+                               last_only=True)
+        return logits, attention
+
+    def _store_row(self, cache: DynamicCache, j: int, mask: torch.Tensor, tokens: list[int]) -> None:
+        """Keep one finished row's keys/values (cache row ``j``, its real positions only) for a
+        later call. ``tokens`` is what those positions hold: the prompt and all but the last
+        sampled token, which was never fed back."""
+        keep = mask.bool()
+        if int(keep.sum()) != len(tokens) or self.kv_store is None:
+            return
+        self.kv_store.put(tokens, [(layer.keys[j][:, keep].clone(), layer.values[j][:, keep].clone())
+                                   for layer in cache.layers])
 
     def _forward(
         self,
@@ -278,6 +354,16 @@ def first_stop_end(text: str, stops: Sequence[str]) -> int | None:
     """End offset of the earliest-ending stop string in text, or None."""
     ends = [i + len(s) for s in stops if (i := text.find(s)) >= 0]
     return min(ends) if ends else None
+
+
+def _plain_cache(model: PreTrainedModel) -> bool:
+    """Whether every layer of the model's cache keeps all positions (no sliding window), the
+    only kind whose rows kv_reuse can cut out and put back."""
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:  # a config the cache cannot read: no reuse, generation as before
+        return False
+    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
