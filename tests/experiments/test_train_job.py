@@ -474,3 +474,28 @@ def test_mixed_precision_reaches_the_sft_and_the_grpo_update(tmp_path):
     assert 0 < gap16 < 0.5 and gap16 != gap32
     with pytest.raises(ConfigError, match=r"field 'mixed_precision'"):
         load_config(_cfg(tmp_path, mixed_precision="fp16"))
+
+
+def test_kv_reuse_setting_reaches_the_rollout_and_eval_backends(tmp_path):
+    """rollout.kv_reuse_tokens gives the run's generation backends a store of that size (one
+    store where one model plays both roles); envace eval's --kv-reuse-tokens does the same, and
+    a negative value is refused by name."""
+    from envace.experiments.eval_job import EvalJob, validate_job
+    from envace.experiments.eval_models import load_eval_backend
+    from envace.experiments.rollout_backends import rollout_backends
+    from envace.policy.loading import load_model
+
+    model, tok = load_model("tiny")
+    models = type("Models", (), {"trained": {"policy": model}, "for_role": lambda self, r: model})()
+    for budget in (0, 5000):
+        cfg = load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "kv_reuse_tokens": budget}))
+        backends = rollout_backends(cfg, models, model, tok, "cpu", tmp_path)
+        assert backends.caller is backends.simulator
+        store = backends.caller.kv_store
+        assert (store is None) if budget == 0 else (store.max_tokens == budget)
+    assert load_eval_backend("tiny", kv_reuse_tokens=300).kv_store.max_tokens == 300
+    with pytest.raises(ValueError, match="--kv-reuse-tokens"):
+        validate_job(EvalJob(model="tiny", world="shop", max_turns=2, max_new_tokens=8, sim_max_new_tokens=8,
+                             kv_reuse_tokens=-1))
+    with pytest.raises(ConfigError, match=r"kv_reuse_tokens"):
+        load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "kv_reuse_tokens": -5}))

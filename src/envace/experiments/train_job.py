@@ -201,6 +201,13 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
             **{f"eval/{k}": v for k, v in truncated_fractions(trajs).items()}}, trajs
 
 
+def _kv_counts(*backends: Any) -> tuple[int, int]:
+    """(prompt tokens reused from kept key/value caches, prompt tokens asked for) so far, over
+    the distinct backends that keep caches (rollout.kv_reuse_tokens)."""
+    stores = {id(s): s for b in backends if (s := getattr(b, "kv_store", None)) is not None}
+    return sum(s.reused_tokens for s in stores.values()), sum(s.prompt_tokens for s in stores.values())
+
+
 def describe_eval(cfg: TrainConfig, kind: str, n: int) -> str:
     if kind == "rehearsal":
         return (f"evaluation: rehearsal-judged on {n} {cfg.eval.split} tasks (no real environment: the policy "
@@ -573,6 +580,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         # Rollouts depend on (seed, step) only: resumable. Rank 0 keeps the seed, others shift it.
         step_seed = dist.rank_seed(cfg.seed * 10_007 + step, acc)
         actor = make_actor(caller_backend, gen, step_seed)
+        kv0 = _kv_counts(caller_backend, sim_backend)
         # Rehearsal uses the simulator-role model (the policy itself in share mode).
         source = real if cfg.source == "real" else make_source(cfg.source, sim_backend, gen, step_seed,
                                                                simulator=sim_backend)
@@ -586,6 +594,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                 cfg.memory_episodes, memory_writer, judge=judge)
             tok_s = rstats.tokens_per_second
         t_roll = time.perf_counter() - t0
+        kv1 = _kv_counts(caller_backend, sim_backend)
         # Advantages centred over every rank's samples of each (task, role) group.
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
                                                 empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
@@ -606,6 +615,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                "rollout_s": max(r[1] for r in rolled),
                                "update_s": t_total - t_roll, "step_s": t_total}
         row.update(truncated_fractions(trajs))
+        if kv1[1] > kv0[1]:  # rollout.kv_reuse_tokens: the share of prompt tokens not prefilled again
+            row["kv_reused"] = (kv1[0] - kv0[0]) / (kv1[1] - kv0[1])
         if cfg.memory_episodes:  # does the memory help, episode for episode of the same tasks?
             row.update(memory_split(trajs, cfg.group_size - cfg.memory_episodes))
         if own:  # the update measured it in its forward
