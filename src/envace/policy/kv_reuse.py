@@ -20,7 +20,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -34,7 +33,7 @@ def weights_fingerprint(model: nn.Module) -> tuple:
 
 @dataclass
 class _Entry:
-    tokens: np.ndarray  # int64 [L]: the sequence whose keys/values are stored
+    tokens: torch.Tensor  # long [L]: the sequence whose keys/values are stored
     layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [heads, L, dim]
 
 
@@ -77,14 +76,14 @@ class KVStore:
         None below ``min_reuse`` tokens."""
         if not self._entries or len(prompt) - 1 < self.min_reuse:
             return None
-        p = np.asarray(prompt, dtype=np.int64)
+        p = torch.tensor(prompt, dtype=torch.long)
         best: tuple[int, int] | None = None
         for key, entry in self._entries.items():
             n = min(len(entry.tokens), len(p) - 1)
             if n < self.min_reuse or (best is not None and n <= best[1]):
                 continue
-            diff = np.flatnonzero(entry.tokens[:n] != p[:n])
-            common = int(diff[0]) if diff.size else n
+            diff = torch.nonzero(entry.tokens[:n] != p[:n])
+            common = int(diff[0, 0]) if diff.numel() else n
             if common >= self.min_reuse and (best is None or common > best[1]):
                 best = (key, common)
         return best
@@ -109,6 +108,6 @@ class KVStore:
         while self._entries and self._tokens + n > self.max_tokens:
             _, old = self._entries.popitem(last=False)
             self._tokens -= len(old.tokens)
-        self._entries[self._next] = _Entry(np.asarray(tokens, dtype=np.int64), layers)
+        self._entries[self._next] = _Entry(torch.tensor(tokens, dtype=torch.long), layers)
         self._next += 1
         self._tokens += n
