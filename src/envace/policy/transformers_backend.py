@@ -95,9 +95,6 @@ class TransformersBackend:
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
-        # Similar lengths share a batch, so less compute goes into padding, and equal prompts
-        # (a group's G copies) sit together, so they share one prefill. Seeds follow the
-        # prompt's original index, so this reordering never changes what is sampled.
         reuse = self._reuse_plan(prompts)
         # Similar lengths share a batch, so less compute goes into padding, and equal prompts
         # (a group's G copies) sit together, so they share one prefill. Seeds follow the
