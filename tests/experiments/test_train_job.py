@@ -499,3 +499,20 @@ def test_kv_reuse_setting_reaches_the_rollout_and_eval_backends(tmp_path):
                              kv_reuse_tokens=-1))
     with pytest.raises(ConfigError, match=r"kv_reuse_tokens"):
         load_config(_cfg(tmp_path, rollout={**TINY["rollout"], "kv_reuse_tokens": -5}))
+
+
+def test_a_run_whose_groups_give_no_gradient_says_so_once(tmp_path):
+    """The random tiny model solves nothing: every group's episodes share reward 0, so from the
+    third such step on the log says why nothing is learned, once."""
+    from envace.experiments.train_job import FlatGroups
+
+    lines: list[str] = []
+    train(load_config(_cfg(tmp_path), ["steps=4", "out=" + str(tmp_path / "a")]), log=lines.append)
+    said = [line for line in lines if "gave no gradient" in line]
+    assert len(said) == 1 and said[0].startswith("note: steps 1-3:") and "rollout.temperature" in said[0]
+    # a step with varied groups breaks the streak
+    notes: list[str] = []
+    flat = FlatGroups(notes.append)
+    for step, zero in enumerate([0.9, 0.9, 0.5, 0.9, 0.9, 1.0, 1.0], 1):
+        flat.check(step, {"adv_zero_frac/caller": zero, "policy/entropy": 0.02})
+    assert notes == [notes[0]] and notes[0].startswith("note: steps 4-6:") and "policy/entropy 0.020" in notes[0]

@@ -201,6 +201,26 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
             **{f"eval/{k}": v for k, v in truncated_fractions(trajs).items()}}, trajs
 
 
+class FlatGroups:
+    """Says once, in the log, when most task groups of several steps in a row had one reward for
+    all their episodes: such groups give no gradient, and a run that looks stuck often is this (a
+    near-deterministic policy at its rollout temperature: measured in docs/notes)."""
+
+    def __init__(self, log: Any, share: float = 0.75, steps: int = 3) -> None:
+        self.log, self.share, self.steps, self.streak, self.said = log, share, steps, 0, False
+
+    def check(self, step: int, row: dict[str, Any]) -> None:
+        zero = row.get("adv_zero_frac/caller")
+        self.streak = self.streak + 1 if zero is not None and zero >= self.share else 0
+        if self.streak >= self.steps and not self.said and self.log is not None:
+            self.said = True
+            entropy = "".join(f"; {k} {v:.3f}" for k, v in row.items() if k.endswith("/entropy"))
+            self.log(f"note: steps {step - self.steps + 1}-{step}: in >= {self.share:.0%} of the caller's task groups "
+                     f"every episode got the same reward, so they gave no gradient (train rows: "
+                     f"adv_zero_frac/caller{entropy}). "
+                     "More varied episodes help: a higher rollout.temperature or group_size, or a shorter warm start")
+
+
 def _kv_counts(*backends: Any) -> tuple[int, int]:
     """(prompt tokens reused from kept key/value caches, prompt tokens asked for) so far, over
     the distinct backends that keep caches (rollout.kv_reuse_tokens)."""
@@ -572,6 +592,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     own = _own_forward_logprobs(cfg)
     separate = backends.recompute and not own
     memory_writer = make_memory_writer(cfg.memory_style)  # used when memory_episodes > 0
+    flat = FlatGroups(log if main else None)
     for step in range(st.start_step + 1, cfg.steps + 1):
         threads.check()
         t0 = time.perf_counter()
@@ -626,6 +647,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         watch_train.add(trajs)
         row.update(dist.global_advantage_stats(acc, scored))
         row.update(ustats)
+        flat.check(step, row)
         checkpoint = step % cfg.checkpoint.every == 0 or step == cfg.steps
         # Every rank: under FSDP gathering the optimiser state is a collective.
         optimizers = dist.optimizers_of(st.updaters) if checkpoint else None
