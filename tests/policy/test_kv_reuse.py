@@ -101,3 +101,18 @@ def test_the_store_keeps_within_its_budget_oldest_out_first() -> None:
     assert len(store) == 2
     store.drop([key])
     assert store.tokens == 40
+
+
+def test_a_call_reuses_only_when_every_prompt_can(tiny, chat_prompts) -> None:
+    """A call mixing continued and new prompts runs as one fresh batch (two batches would decode
+    twice); the stored caches stay for a later call."""
+    reuse = TransformersBackend(tiny.model, tiny.tokenizer, kv_reuse_tokens=100_000)
+    first = reuse.generate(chat_prompts[:2], GREEDY)
+    new = list(range(1000, 1030))  # shares no prefix with anything stored
+    mixed = _next_turn(tiny, chat_prompts[:2], first)[:1] + [new]
+    plain = TransformersBackend(tiny.model, tiny.tokenizer)
+    _same(reuse.generate(mixed, GREEDY), plain.generate(mixed, GREEDY))
+    assert reuse.kv_store.reused_tokens == 0 and len(reuse.kv_store) == 4
+    later = _next_turn(tiny, chat_prompts[:2], first)
+    _same(reuse.generate(later, GREEDY), plain.generate(later, GREEDY))
+    assert reuse.kv_store.reused_tokens >= len(chat_prompts[0]) + len(chat_prompts[1])

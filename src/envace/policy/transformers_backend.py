@@ -130,6 +130,11 @@ class TransformersBackend:
         store.check_weights(self.model)
         store.prompt_tokens += sum(len(p) for p in prompts)
         matches = {i: m for i, p in enumerate(prompts) if (m := store.match(p)) is not None}
+        if len(matches) < len(prompts):
+            # All or nothing: splitting a call into reused and fresh rows decodes two batches
+            # instead of one, which cost more than the prefill saved (a rehearsal step's
+            # simulator calls, where some rows match and some do not: docs/notes).
+            return {}
         plan = {i: store.take(key, n) for i, (key, n) in matches.items()}
         store.drop([key for key, _ in matches.values()])
         store.reused_tokens += sum(n for _, n in matches.values())
