@@ -11,7 +11,9 @@ first difference (a position's keys/values depend only on the tokens up to it).
 Entries are only valid for the weights that computed them: the store is emptied whenever the
 model's parameters change (:func:`weights_fingerprint`). Memory is bounded by a token budget,
 oldest entries out first; an entry reused by a longer prompt is dropped, since the new turn's
-entry contains it.
+entry contains it. A call reuses only when every one of its prompts matches (the backend's rule).
+Measured: faster on an eval, slower in a rehearsal training step (docs/notes/2026-12-06-kv-reuse.md),
+so it is off by default.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class KVStore:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         self.max_tokens = max_tokens
-        self.min_reuse = min_reuse  # shorter matches are not worth a separate batch
+        self.min_reuse = min_reuse  # shorter matches save too little to be worth a rebuilt cache
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next = 0
         self._tokens = 0

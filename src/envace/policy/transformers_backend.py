@@ -97,25 +97,25 @@ class TransformersBackend:
                 raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
         reuse = self._reuse_plan(prompts)
         # Similar lengths share a batch, so less compute goes into padding, and equal prompts
-        # (a group's G copies) sit together, so they share one prefill. Seeds follow the
-        # prompt's original index, so this reordering never changes what is sampled.
-        fresh = sorted((i for i in range(len(prompts)) if i not in reuse),
-                       key=lambda i: (len(prompts[i]), list(prompts[i])))
-        # Rows that start from a stored cache batch by the length of what they still prefill.
-        reused = sorted(reuse, key=lambda i: (len(prompts[i]) - reuse[i][0][0].shape[-2], i))
+        # (a group's G copies) sit together, so they share one prefill. Rows that start from a
+        # stored cache batch by the length of what they still prefill. Seeds follow the prompt's
+        # original index, so this reordering never changes what is sampled.
+        if reuse:
+            order = sorted(reuse, key=lambda i: (len(prompts[i]) - reuse[i][0][0].shape[-2], i))
+        else:
+            order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), list(prompts[i])))
         results: list[Generation | None] = [None] * len(prompts)
         model = self._generating_model()
         was_training = model.training
         model.eval()  # no dropout while sampling, even if a trainer left it in train mode
         try:
             with torch.inference_mode():
-                for order, cached in ((fresh, None), (reused, reuse)):
-                    for start in range(0, len(order), self.max_batch):
-                        chunk = order[start : start + self.max_batch]
-                        start_from = [cached[i] for i in chunk] if cached is not None else None
-                        outs = self._generate_batch(model, [prompts[i] for i in chunk], chunk, params, start_from)
-                        for i, out in zip(chunk, outs):
-                            results[i] = out
+                for start in range(0, len(order), self.max_batch):
+                    chunk = order[start : start + self.max_batch]
+                    start_from = [reuse[i] for i in chunk] if reuse else None
+                    outs = self._generate_batch(model, [prompts[i] for i in chunk], chunk, params, start_from)
+                    for i, out in zip(chunk, outs):
+                        results[i] = out
         finally:
             model.train(was_training)
         return results  # type: ignore[return-value]
@@ -131,9 +131,8 @@ class TransformersBackend:
         store.prompt_tokens += sum(len(p) for p in prompts)
         matches = {i: m for i, p in enumerate(prompts) if (m := store.match(p)) is not None}
         if len(matches) < len(prompts):
-            # All or nothing: splitting a call into reused and fresh rows decodes two batches
-            # instead of one, which cost more than the prefill saved (a rehearsal step's
-            # simulator calls, where some rows match and some do not: docs/notes).
+            # All or nothing: a call split into reused and fresh rows would decode two batches
+            # instead of one.
             return {}
         plan = {i: store.take(key, n) for i, (key, n) in matches.items()}
         store.drop([key for key, _ in matches.values()])
