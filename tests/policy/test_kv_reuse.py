@@ -116,3 +116,14 @@ def test_a_call_reuses_only_when_every_prompt_can(tiny, chat_prompts) -> None:
     later = _next_turn(tiny, chat_prompts[:2], first)
     _same(reuse.generate(later, GREEDY), plain.generate(later, GREEDY))
     assert reuse.kv_store.reused_tokens >= len(chat_prompts[0]) + len(chat_prompts[1])
+
+
+def test_identical_prompts_share_one_fresh_prefill_rather_than_short_reuse(tiny, chat_prompts) -> None:
+    """Four copies of a prompt that matches a stored cache only in its first tokens: one fresh
+    two-phase prefill runs the copies' shared prefix once, cheaper than four private rests."""
+    reuse = TransformersBackend(tiny.model, tiny.tokenizer, kv_reuse_tokens=100_000)
+    first = reuse.generate([chat_prompts[4]], GREEDY)
+    copies = [chat_prompts[4][:20] + list(range(2000, 2060))] * 4  # shares 20 tokens with the stored row
+    got = reuse.generate(copies, GREEDY)
+    assert reuse.kv_store.reused_tokens == 0 and first
+    _same(got, TransformersBackend(tiny.model, tiny.tokenizer).generate(copies, GREEDY))

@@ -134,6 +134,11 @@ class TransformersBackend:
             # All or nothing: a call split into reused and fresh rows would decode two batches
             # instead of one.
             return {}
+        # Reused rows each prefill their own rest; a fresh batch prefills each shared prefix
+        # once (a group's identical prompts: one row's work). Take the cheaper, by padded tokens.
+        rest = max(len(p) - matches[i][1] for i, p in enumerate(prompts))
+        if self.share_prefixes and len(prompts) * rest >= _fresh_prefill_tokens(prompts):
+            return {}
         plan = {i: store.take(key, n) for i, (key, n) in matches.items()}
         store.drop([key for key, _ in matches.values()])
         store.reused_tokens += sum(n for _, n in matches.values())
@@ -355,6 +360,15 @@ def first_stop_end(text: str, stops: Sequence[str]) -> int | None:
     """End offset of the earliest-ending stop string in text, or None."""
     ends = [i + len(s) for s in stops if (i := text.find(s)) >= 0]
     return min(ends) if ends else None
+
+
+def _fresh_prefill_tokens(prompts: Sequence[list[int]]) -> int:
+    """Padded tokens a fresh prefill of ``prompts`` runs (two-phase where prefixes are shared)."""
+    plan = plan_shared_prefixes(prompts)
+    if plan is None:
+        return len(prompts) * max(len(p) for p in prompts)
+    own = max(len(p) - plan.prefix_len[g] for p, g in zip(prompts, plan.group_of))
+    return len(plan.prefix_len) * max(plan.prefix_len) + len(prompts) * own
 
 
 def _plain_cache(model: PreTrainedModel) -> bool:
