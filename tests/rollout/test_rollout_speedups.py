@@ -41,6 +41,16 @@ def _rollout(backend: TransformersBackend, temperature: float):
     return trajs
 
 
+def _assert_same_episodes(got, want) -> None:
+    for a, b in zip(got, want):
+        assert [m.content for m in a.messages] == [m.content for m in b.messages]
+        assert [(s.role, s.prompt_ids, s.gen_ids) for s in a.samples] == \
+               [(s.role, s.prompt_ids, s.gen_ids) for s in b.samples]
+        for sa, sb in zip(a.samples, b.samples):
+            torch.testing.assert_close(sa.logprobs, sb.logprobs, atol=1e-4, rtol=0)
+        assert a.reward == b.reward
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_episodes_are_the_same_with_and_without_prefix_sharing(tiny_backend, temperature):
     backend = TransformersBackend(tiny_backend.model, tiny_backend.tokenizer, max_batch=8)
@@ -50,13 +60,7 @@ def test_episodes_are_the_same_with_and_without_prefix_sharing(tiny_backend, tem
     got = _rollout(backend, temperature)
     assert len(got) == len(want) == 6
     assert {s.role for t in got for s in t.samples} == {"caller", "simulator"}
-    for a, b in zip(got, want):
-        assert [m.content for m in a.messages] == [m.content for m in b.messages]
-        assert [(s.role, s.prompt_ids, s.gen_ids) for s in a.samples] == \
-               [(s.role, s.prompt_ids, s.gen_ids) for s in b.samples]
-        for sa, sb in zip(a.samples, b.samples):
-            torch.testing.assert_close(sa.logprobs, sb.logprobs, atol=1e-4, rtol=0)
-        assert a.reward == b.reward
+    _assert_same_episodes(got, want)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -67,10 +71,4 @@ def test_episodes_are_the_same_with_key_value_reuse_across_turns(tiny_backend, t
     store = backend.kv_store
     # later turns (and the simulator's calls after the first) started from earlier caches
     assert store is not None and store.reused_tokens > 0.2 * store.prompt_tokens
-    for a, b in zip(got, want):
-        assert [m.content for m in a.messages] == [m.content for m in b.messages]
-        assert [(s.role, s.prompt_ids, s.gen_ids) for s in a.samples] == \
-               [(s.role, s.prompt_ids, s.gen_ids) for s in b.samples]
-        for sa, sb in zip(a.samples, b.samples):
-            torch.testing.assert_close(sa.logprobs, sb.logprobs, atol=1e-4, rtol=0)
-        assert a.reward == b.reward
+    _assert_same_episodes(got, want)
