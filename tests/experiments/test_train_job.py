@@ -516,3 +516,73 @@ def test_a_run_whose_groups_give_no_gradient_says_so_once(tmp_path):
     for step, zero in enumerate([0.9, 0.9, 0.5, 0.9, 0.9, 1.0, 1.0], 1):
         flat.check(step, {"adv_zero_frac/caller": zero, "policy/entropy": 0.02})
     assert notes == [notes[0]] and notes[0].startswith("note: steps 4-6:") and "policy/entropy 0.020" in notes[0]
+
+
+def _flat_or_not(task_id: str, rewards: list[float]):
+    """A task's group of real trajectories with one caller sample each, scored as given."""
+    from envace.core.types import Message, Trajectory, TurnSample
+
+    return [Trajectory(task_id=task_id, source="real", trajectory_index=i,
+                       messages=[Message(role="user", content="go")], reward=r,
+                       samples=[TurnSample(role="caller", group_id=task_id, trajectory_index=i, turn=0,
+                                           prompt_ids=[1, 2], gen_ids=[3], logprobs=[-0.5])])
+            for i, r in enumerate(rewards)]
+
+
+def test_dynamic_sampling_rolls_out_fresh_tasks_until_enough_groups_have_signal(tmp_path):
+    """Groups whose episodes all scored alike are dropped; more rounds of fresh tasks run until
+    tasks_per_step groups have signal, or the rounds or the pool run out."""
+    from envace.experiments.train_job import StepRollouts, dynamic_sampling, step_tasks, train_tasks
+    from envace.train.advantages import compute_advantages
+
+    base = load_config(_cfg(tmp_path), ["tasks_per_step=3", "dynamic_sampling=2"])
+    pool = train_tasks(base)[:12]
+    signal_every = 2  # every other task drawn has varied rewards: 1 or 2 of each round's 3
+    seen: list[tuple[int, list[str]]] = []
+
+    def roll(step, round_, tasks):
+        seen.append((round_, [t.id for t in tasks]))
+        trajs = [tr for t in tasks for tr in _flat_or_not(
+            t.id, [0.0, 1.0] if pool.index(t) % signal_every == 0 else [1.0, 1.0])]
+        return StepRollouts(trajs, compute_advantages(trajs), list(tasks), 10.0)
+
+    def run(cfg, pool):
+        seen.clear()
+        return dynamic_sampling(cfg, pool, 1, roll(1, 0, step_tasks(pool, cfg, 1)), roll)
+
+    got = run(base, pool)
+    drawn = [i for _, ids in seen for i in ids]
+    assert len(drawn) == len(set(drawn)) == 3 * got.rounds  # fresh tasks every round
+    assert [r for r, _ in seen] == list(range(got.rounds))
+    signal = {t.id for t in pool if pool.index(t) % signal_every == 0 and t.id in drawn}
+    assert got.signal == signal and got.groups_trained == len(signal)
+    assert got.groups_trained >= 3 or got.rounds == 3  # enough groups, or every round spent
+    assert {s.sample.group_id for s in got.to_train()} == signal
+    assert all(s.advantage != 0 for s in got.to_train())
+    assert len(got.trajectories) == 2 * len(drawn) and len(got.scored) == 2 * len(drawn)
+    # round 0 is the step's usual draw: the setting changes nothing for a run whose groups all have signal
+    assert seen[0][1] == [t.id for t in step_tasks(pool, base, 1)]
+    # no signal anywhere: every round runs, nothing trains
+    signal_every = 10 ** 6 + 1  # only pool[0] has signal
+    got = run(base, pool[1:])
+    assert got.rounds == 3 and got.to_train() == [] and got.groups_trained == 0
+    # a pool of 4 tasks: the second round gets the last one, then the draw stops
+    got = run(base, pool[1:5])
+    assert [len(ids) for _, ids in seen] == [3, 1] and got.rounds == 2
+    # off: round 0 only, every group trains
+    got = roll(1, 0, step_tasks(pool, base, 1))
+    assert got.to_train() == got.scored
+
+
+def test_dynamic_sampling_in_a_run_logs_its_rounds_and_trains_nothing_without_signal(tmp_path):
+    """The random tiny model solves nothing: each step rolls out every round's fresh tasks, logs
+    them, and leaves the weights as they were."""
+
+    run = train(load_config(_cfg(tmp_path), ["steps=1", "dynamic_sampling=2", "out=" + str(tmp_path / "a")]),
+                log=lambda *_: None)
+    row = _train_rows(run)[1]
+    assert row["rollout_rounds"] == 3.0 and row["groups_trained"] == 0.0
+    assert row["adv_zero_frac/caller"] == 1.0 and row["policy/tokens"] == 0.0
+    trajs = [json.loads(line) for line in (run.path / "trajectories.jsonl").read_text().splitlines()]
+    ids = {t["task_id"] for t in trajs}
+    assert len(trajs) == 3 * 2 * 2 and len(ids) == 3 * 2  # 3 rounds x 2 tasks x G=2, every task fresh

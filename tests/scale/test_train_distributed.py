@@ -194,3 +194,28 @@ def test_train_on_two_processes_matches_one_and_resumes(tmp_path, parallel):
     assert saved2["state"] and all(float(v["step"]) == 2.0 for v in saved2["state"].values())
     assert len(list((tmp_path / "runs").iterdir())) == 1
     print(f"first launch (1 step) {t_first:.0f} s, resumed launch (step 2) + reference {t_resume:.0f} s")
+
+
+@pytest.mark.slow  # one 2-process launch: ~1 CPU-minute
+def test_dynamic_sampling_on_two_processes_agrees_on_its_rounds(tmp_path):
+    """Both ranks roll out the same rounds (a rank that stopped early would hang the other), the
+    row counts every rank's groups with signal, and every round's tasks are fresh."""
+    from envace.train.advantages import groups_with_signal
+
+    torch.set_num_threads(1)
+    cfg_path = _config(tmp_path)
+    _wait(_launch(tmp_path, "--config", str(cfg_path), "--set", "dynamic_sampling=2", "--set", "eval.at_start=false"))
+    run = RunDir(next((tmp_path / "runs").iterdir()))
+    cfg = parse_config(run.config())
+    row = next(r for r in run.metrics() if r["phase"] == "train")
+    trajs = _step_trajectories(run.path, 1)
+    eos = load_model(cfg.model)[1].eos_token_id
+    signal = groups_with_signal(compute_advantages(trajs, norm_by_std=cfg.grpo.norm_by_std, content_free_ids={eos},
+                                                   empty_penalty=cfg.grpo.empty_penalty))
+    rounds = int(row["rollout_rounds"])
+    assert 1 <= rounds <= 3 and row["groups_trained"] == len(signal)
+    assert len(signal) >= TASKS_PER_STEP or rounds == 3
+    ids = [t.task_id for t in trajs[::G]]
+    assert len(ids) == len(set(ids)) == TASKS_PER_STEP * rounds
+    assert ids[:TASKS_PER_STEP] == [t.id for t in step_tasks(rl_tasks(cfg, train_tasks(cfg)), cfg, 1)]
+    assert row["policy/processes"] == 2.0

@@ -216,6 +216,10 @@ class TrainConfig(_Section):
     steps: int = Field(20, ge=0)
     tasks_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=1)
+    dynamic_sampling: int = Field(
+        0, ge=0, description="DAPO's dynamic sampling: only task groups with signal (episodes that scored "
+        "differently) train, and while fewer than tasks_per_step of them are in hand, up to N more rounds of "
+        "tasks_per_step fresh tasks are rolled out (each round costs a step's rollouts). 0: off, every group trains")
     memory_episodes: int = Field(
         0, ge=0, description="of each task's group_size episodes per step, this many run with a rehearsal "
         "memory (memory_style) condensed from the task's other episodes in their caller prompt, so GRPO teaches the policy to use what it rehearsed before a committed run (test-time "

@@ -52,6 +52,8 @@ from envace.train.copy_warmup import copy_warmup, data_vocabulary
 from envace.train.grpo_loss import recompute_logprobs
 from envace.train.sft import oracle_sft_samples, run_sft, target_turn_lengths
 from envace.train import distributed as dist
+from envace.train.advantages import ScoredSample, groups_with_signal
+from envace.train.collectives import reduce_sum
 from envace.train.step import UpdaterConfig, update_for_mode, updaters_for_mode, warmup_lr
 
 SFT_DIR = "sft"
@@ -154,9 +156,16 @@ def real_eval_tasks(cfg: TrainConfig, pool: list[Task], bench: BenchTaskSet | No
     return bench.test[:cfg.eval.tasks] if bench is not None else eval_tasks(cfg)
 
 
-def step_tasks(pool: list[Task], cfg: TrainConfig, step: int) -> list[Task]:
-    """The tasks of one step: a function of (seed, step) only, so a resumed run draws the same."""
-    return random.Random(cfg.seed * 1_000_003 + step).sample(pool, min(cfg.tasks_per_step, len(pool)))
+def step_tasks(pool: list[Task], cfg: TrainConfig, step: int, round_: int = 0,
+               drawn: frozenset[str] = frozenset()) -> list[Task]:
+    """The tasks of one step: a function of (seed, step) only, so a resumed run draws the same.
+    ``round_`` > 0 (``dynamic_sampling``): that round's fresh tasks, none of ``drawn`` (the ids of
+    the step's earlier rounds); fewer, or none, when the pool runs out."""
+    if round_ == 0:
+        return random.Random(cfg.seed * 1_000_003 + step).sample(pool, min(cfg.tasks_per_step, len(pool)))
+    rest = [t for t in pool if t.id not in drawn]
+    rng = random.Random((cfg.seed * 1_000_003 + step) * 1_009 + round_)
+    return rng.sample(rest, min(cfg.tasks_per_step, len(rest)))
 
 
 def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: TrainConfig,
@@ -219,6 +228,48 @@ class FlatGroups:
                      f"every episode got the same reward, so they gave no gradient (train rows: "
                      f"adv_zero_frac/caller{entropy}). "
                      "More varied episodes help: a higher rollout.temperature or group_size, or a shorter warm start")
+
+
+@dataclass
+class StepRollouts:
+    """What a step rolled out (this rank's share of it) and which of it trains."""
+
+    trajectories: list[Trajectory]  # every round's
+    scored: list[ScoredSample]  # every round's samples, flat groups too
+    tasks: list[Task]  # every round's tasks, all ranks', in draw order
+    tokens_per_s: float
+    rounds: int = 1
+    signal: set[str] | None = None  # dynamic_sampling: the groups that train (None: all of them)
+    groups_trained: int | None = None  # of them, over all ranks
+
+    def to_train(self) -> list[ScoredSample]:
+        return self.scored if self.signal is None else [s for s in self.scored if s.sample.group_id in self.signal]
+
+
+def dynamic_sampling(cfg: TrainConfig, pool: list, step: int, first: StepRollouts, roll: Any,
+                     accelerator: Any | None = None) -> StepRollouts:
+    """DAPO's dynamic sampling: only task groups with signal (a sample with non-zero advantage)
+    train; while fewer than ``tasks_per_step`` of them are in hand, up to ``cfg.dynamic_sampling``
+    more rounds of ``tasks_per_step`` fresh tasks are rolled out. ``roll(step, round, tasks)``
+    rolls out this rank's share of a round's tasks. Every group with signal trains: a step trains
+    from none up to twice ``tasks_per_step`` groups."""
+    got = first
+    signal = groups_with_signal(got.scored)
+    have = int(reduce_sum(accelerator, [float(len(signal))])[0])
+    speeds = [first.tokens_per_s]
+    while have < cfg.tasks_per_step and got.rounds <= cfg.dynamic_sampling:
+        more = step_tasks(pool, cfg, step, got.rounds, frozenset(t.id for t in got.tasks))
+        if not more:  # the pool is used up
+            break
+        new = roll(step, got.rounds, more)
+        speeds.append(new.tokens_per_s)
+        got = StepRollouts(got.trajectories + new.trajectories, got.scored + new.scored, got.tasks + more,
+                           0.0, got.rounds + 1)
+        signal = groups_with_signal(got.scored)
+        have = int(reduce_sum(accelerator, [float(len(signal))])[0])
+    got.tokens_per_s = sum(speeds) / len(speeds)
+    got.signal, got.groups_trained = signal, have
+    return got
 
 
 def _kv_counts(*backends: Any) -> tuple[int, int]:
@@ -593,40 +644,48 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     separate = backends.recompute and not own
     memory_writer = make_memory_writer(cfg.memory_style)  # used when memory_episodes > 0
     flat = FlatGroups(log if main else None)
-    for step in range(st.start_step + 1, cfg.steps + 1):
-        threads.check()
-        t0 = time.perf_counter()
-        all_tasks = step_tasks(pool, cfg, step)
-        tasks = dist.shard_tasks(all_tasks, acc)  # this rank's share (all of them in one process)
-        # Rollouts depend on (seed, step) only: resumable. Rank 0 keeps the seed, others shift it.
-        step_seed = dist.rank_seed(cfg.seed * 10_007 + step, acc)
+
+    def roll(step: int, round_: int, tasks: list[Task]) -> StepRollouts:
+        """One rollout round of ``tasks``: this rank rolls out its share (all of them in one process)."""
+        mine = dist.shard_tasks(tasks, acc)
+        # Rollouts depend on (seed, step, round) only: resumable. Rank 0 keeps the seed, others shift it.
+        step_seed = dist.rank_seed(cfg.seed * 10_007 + step + 100_003 * round_, acc)
         actor = make_actor(caller_backend, gen, step_seed)
-        kv0 = _kv_counts(caller_backend, sim_backend)
         # Rehearsal uses the simulator-role model (the policy itself in share mode).
         source = real if cfg.source == "real" else make_source(cfg.source, sim_backend, gen, step_seed,
                                                                simulator=sim_backend)
         if bench is not None:  # the benchmark's episode loop and scorer; source "real": its environment
-            trajs, tok_s = bench_episodes(bench, tasks, actor, None if cfg.source == "real" else source,
+            trajs, tok_s = bench_episodes(bench, mine, actor, None if cfg.source == "real" else source,
                                           caller_backend, step_seed, cfg.group_size)
         else:
             # memory_episodes 0: one batch; else the group's last k see a memory of its first G-k.
             trajs, rstats, _ = episodes_with_memory(
-                tasks, actor, source, RolloutConfig(group_size=cfg.group_size, max_turns=cfg.rollout.max_turns),
+                mine, actor, source, RolloutConfig(group_size=cfg.group_size, max_turns=cfg.rollout.max_turns),
                 cfg.memory_episodes, memory_writer, judge=judge)
             tok_s = rstats.tokens_per_second
-        t_roll = time.perf_counter() - t0
-        kv1 = _kv_counts(caller_backend, sim_backend)
         # Advantages centred over every rank's samples of each (task, role) group.
         scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
                                                 empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
                                                 format_bonus=cfg.grpo.sim_format_reward)
+        return StepRollouts(trajs, scored, list(tasks), tok_s)
+
+    for step in range(st.start_step + 1, cfg.steps + 1):
+        threads.check()
+        t0 = time.perf_counter()
+        kv0 = _kv_counts(caller_backend, sim_backend)
+        got = roll(step, 0, step_tasks(pool, cfg, step))
+        if cfg.dynamic_sampling:
+            got = dynamic_sampling(cfg, pool, step, got, roll, acc)
+        trajs, tok_s, scored = got.trajectories, got.tokens_per_s, got.to_train()
+        t_roll = time.perf_counter() - t0
+        kv1 = _kv_counts(caller_backend, sim_backend)
         gap = _recompute_logprobs(cfg, models.spec, st.updaters, tok, scored) if separate else None
         ustats = update_for_mode(models.spec, st.updaters, scored,
                                  lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps))
         backends.sync()  # the serving engine generates the next rollouts with the new weights
         t_total = time.perf_counter() - t0
         rolled = dist.gather_objects(acc, [(tok_s, t_roll)])
-        trajs = _in_task_order(dist.gather_trajectories(acc, trajs), all_tasks, acc)
+        trajs = _in_task_order(dist.gather_trajectories(acc, trajs), got.tasks, acc)
         row: dict[str, Any] = {"phase": "train", "step": step, "reward": sum(t.reward for t in trajs) / len(trajs),
                                "success": sum(t.solved for t in trajs) / len(trajs),
                                "tool_calls": sum(t.tool_calls for t in trajs) / len(trajs),
@@ -645,7 +704,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         if gap is not None:
             row["logprob_gap_max"] = gap  # engine vs trainer, on this rank's samples
         watch_train.add(trajs)
-        row.update(dist.global_advantage_stats(acc, scored))
+        row.update(dist.global_advantage_stats(acc, got.scored))  # every group rolled out, flat ones too
+        if got.groups_trained is not None:
+            row.update({"rollout_rounds": float(got.rounds), "groups_trained": float(got.groups_trained)})
         row.update(ustats)
         flat.check(step, row)
         checkpoint = step % cfg.checkpoint.every == 0 or step == cfg.steps

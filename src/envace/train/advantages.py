@@ -117,3 +117,9 @@ def advantage_stats(scored: Sequence[ScoredSample]) -> dict[str, float]:
         stats[f"adv_zero_frac/{role}"] = sum(s.advantage == 0.0 for s in items) / n
         stats[f"samples/{role}"] = float(n)
     return stats
+
+
+def groups_with_signal(scored: Iterable[ScoredSample]) -> set[str]:
+    """The task groups (``group_id``) at least one of whose samples, of any role, has a non-zero
+    advantage: the only groups that give the policy gradient a term."""
+    return {s.sample.group_id for s in scored if s.advantage != 0.0}
