@@ -227,7 +227,8 @@ class FlatGroups:
             self.log(f"note: steps {step - self.steps + 1}-{step}: in >= {self.share:.0%} of the caller's task groups "
                      f"every episode got the same reward, so they gave no gradient (train rows: "
                      f"adv_zero_frac/caller{entropy}). "
-                     "More varied episodes help: a higher rollout.temperature or group_size, or a shorter warm start")
+                     "More varied episodes help: a higher rollout.temperature or group_size, or a shorter warm start; "
+                     "dynamic_sampling: N rolls out more tasks until enough groups have signal")
 
 
 @dataclass
