@@ -25,7 +25,7 @@ def _episode(task_id: str, step: int, reward: float, parse_failures: int, unmet:
 def test_failure_modes_are_shares_of_the_templates_episodes(tmp_path):
     cfg = {"model": "tiny", "worlds": ["shop"], "difficulties": [1], "tool_distractors": 0, "steps": 0,
            "rollout": {"max_turns": 2, "caller_max_new_tokens": 6, "max_batch": 8},
-           "prompt": {"max_examples": 1}, "sft": {"enabled": False}, "eval": {"tasks": 1, "samples": 2},
+           "prompt": {"max_examples": 1}, "sft": {"enabled": False}, "eval": {"tasks": 1, "samples": 2, "temperature": 1.0},
            "out": str(tmp_path / "runs")}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
