@@ -7,7 +7,7 @@ A template is a world plus the reference solution's sequence of tool names (what
 generator's template asks for). For each run: success of every template at its first and last
 eval (``--start``: the first eval comes from that run, as in eval_gain.py), tasks and episodes per
 template, sorted by the gain. ``--failures``: also how the episodes failed, start -> end, as shares
-of the template's episodes: a malformed tool call (not JSON, or not a call of a listed tool), a
+of the template's episodes: a malformed tool call (one that did not parse), a
 tool-side check unmet (``called``, ``state``, ``end_state``: the wrong call or arguments), or only
 the answer wrong.
 """
@@ -61,11 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start", type=Path, metavar="RUN", help="the first eval comes from this run")
     p.add_argument("--failures", action="store_true", help="also how the episodes failed, start -> end")
     args = p.parse_args(argv)
-    start = start_run = None
+    start = start_run = start_step = None
     if args.start is not None:
         start_run = RunDir.open(args.start)
         by = eval_task_success(start_run)
-        start = by[min(by)] if by else None
+        start_step = min(by, default=None)
+        start = by[start_step] if by else None
     for path in args.runs:
         run = RunDir.open(path)
         by_step = eval_task_success(run)
@@ -87,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         for gain, name, n, a, b in sorted(rows, reverse=True):
             print(f"| {name} | {n} | {a:.3f} | {b:.3f} | {gain:+.3f} |")
         if args.failures:
-            src = start_run if start_run is not None else run
-            before = failure_modes(src, min(eval_task_success(src)), names)
+            before = (failure_modes(start_run, start_step, names) if start_run is not None
+                      else failure_modes(run, min(by_step), names))
             after = failure_modes(run, max(by_step), names)
             print("\nshare of episodes, start -> end\n| template | malformed call | tool check unmet | only the answer wrong |"
                   "\n|---|---|---|---|")

@@ -254,11 +254,12 @@ def dynamic_sampling(cfg: TrainConfig, pool: list, step: int, first: StepRollout
     more rounds of ``tasks_per_step`` fresh tasks are rolled out. ``roll(step, round, tasks)``
     rolls out this rank's share of a round's tasks. Every group with signal trains: a step trains
     from none up to twice ``tasks_per_step`` groups."""
-    got = first
-    signal = groups_with_signal(got.scored)
-    have = int(reduce_sum(accelerator, [float(len(signal))])[0])
-    speeds = [first.tokens_per_s]
-    while have < cfg.tasks_per_step and got.rounds <= cfg.dynamic_sampling:
+    got, speeds = first, [first.tokens_per_s]
+    while True:
+        signal = groups_with_signal(got.scored)
+        have = int(reduce_sum(accelerator, [float(len(signal))])[0])
+        if have >= cfg.tasks_per_step or got.rounds > cfg.dynamic_sampling:
+            break
         more = step_tasks(pool, cfg, step, got.rounds, frozenset(t.id for t in got.tasks))
         if not more:  # the pool is used up
             break
@@ -266,8 +267,6 @@ def dynamic_sampling(cfg: TrainConfig, pool: list, step: int, first: StepRollout
         speeds.append(new.tokens_per_s)
         got = StepRollouts(got.trajectories + new.trajectories, got.scored + new.scored, got.tasks + more,
                            0.0, got.rounds + 1)
-        signal = groups_with_signal(got.scored)
-        have = int(reduce_sum(accelerator, [float(len(signal))])[0])
     got.tokens_per_s = sum(speeds) / len(speeds)
     got.signal, got.groups_trained = signal, have
     return got
