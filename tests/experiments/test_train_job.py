@@ -586,3 +586,26 @@ def test_dynamic_sampling_in_a_run_logs_its_rounds_and_trains_nothing_without_si
     trajs = [json.loads(line) for line in (run.path / "trajectories.jsonl").read_text().splitlines()]
     ids = {t["task_id"] for t in trajs}
     assert len(trajs) == 3 * 2 * 2 and len(ids) == 3 * 2  # 3 rounds x 2 tasks x G=2, every task fresh
+
+
+def test_the_anchor_in_a_run_trains_on_the_warm_starts_samples_without_grpo_signal(tmp_path):
+    """The random tiny model solves nothing (no GRPO signal): with grpo.anchor_coef each step still
+    steps on the step's anchor samples, drawn from the warm start's own SFT samples; the same
+    draw on a rerun. Without oracle references it says so at the start."""
+    from envace.experiments.config import BenchTrainConfig
+    from envace.experiments.train_job import anchor_pool, run_policy, step_anchor
+
+    over = ["steps=2", "grpo.anchor_coef=1.0", "grpo.anchor_samples=3", "eval.at_start=false"]
+    cfg = load_config(_cfg(tmp_path), over + ["out=" + str(tmp_path / "a")])
+    run = train(cfg, log=lambda *_: None)
+    rows = _train_rows(run)
+    for step in (1, 2):
+        assert rows[step]["adv_zero_frac/caller"] == 1.0  # nothing to learn from the groups
+        assert rows[step]["policy/optimizer_steps"] == 1.0 and rows[step]["policy/anchor_nll"] > 0
+    _, tok = run_policy(cfg)
+    pool = anchor_pool(cfg, tok)
+    assert len(pool) >= 3 and step_anchor(pool, cfg, 1) == step_anchor(anchor_pool(cfg, tok), cfg, 1)
+    assert rows[1]["policy/anchor_tokens"] == sum(s.target_count for s in step_anchor(pool, cfg, 1))
+    with pytest.raises(ValueError, match="grpo.anchor_coef"):
+        anchor_pool(cfg.model_copy(update={"bench": BenchTrainConfig(name="bfcl", categories=["multi_turn_base"])}),
+                    tok)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+import random
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from train_helpers import make_sample, make_tiny_model, random_scored_batch
+from train_helpers import VOCAB, make_sample, make_tiny_model, random_scored_batch
 
 from envace.train.advantages import ScoredSample
 from envace.train.batching import padding_fraction, sequence_length, split_micro_batches
@@ -344,3 +345,59 @@ def test_bf16_mixed_precision_runs_the_forward_in_bf16_and_keeps_fp32_weights():
     assert 0.0 < float(gap) < 0.1
     with pytest.raises(ValueError, match="'no' or 'bf16'"):
         autocast(model, "fp16")
+
+
+def _anchor(model, n: int = 5, seed: int = 40) -> list:
+    rng = random.Random(seed)
+    return [make_sample(None, role, [rng.randrange(1, VOCAB) for _ in range(rng.randint(3, 9))],
+                        [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 6))], group_id=f"a{i}")
+            for i, role in enumerate(["caller", "simulator"] * n)][:n]
+
+
+def test_the_anchor_adds_its_weighted_mean_nll_to_the_policy_gradient():
+    """grad(GRPO + c * anchor NLL) = grad(GRPO) + c * grad(NLL), however the anchor is split."""
+    from envace.train.grpo_loss import sft_loss
+
+    model = make_tiny_model(7)
+    batch = random_scored_batch(model, 6, seed=41)
+    anchor = _anchor(model)
+    GRPOUpdater(model, UpdaterConfig()).compute_gradients(batch)
+    plain = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    sft_loss(model, anchor, sum(s.target_count for s in anchor)).backward()
+    nll = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for budget in (10_000, 12):  # one micro-batch, or one per sample
+        stats = GRPOUpdater(model, UpdaterConfig(anchor_coef=0.5, micro_batch_tokens=budget)).compute_gradients(
+            batch, anchor)
+        assert stats["anchor_tokens"] == sum(s.target_count for s in anchor) and stats["anchor_nll"] > 0
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, plain[n] + 0.5 * nll[n], atol=1e-6, rtol=1e-4)
+    # off: the anchor samples are ignored
+    stats = GRPOUpdater(model, UpdaterConfig()).compute_gradients(batch, anchor)
+    assert "anchor_nll" not in stats
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, plain[n])
+
+
+def test_the_anchor_alone_steps_towards_its_samples_and_only_for_trained_roles():
+    """A batch without GRPO signal still steps on the anchor (its NLL falls); a role with weight 0
+    takes none of it."""
+    from envace.train.grpo_loss import sft_loss
+
+    model = make_tiny_model(8)
+    flat = [type(s)(s.sample, 0.0, 1.0) for s in random_scored_batch(model, 4, seed=42)]
+    anchor = _anchor(model, 6)
+    total = sum(s.target_count for s in anchor)
+    with torch.no_grad():
+        before = float(sft_loss(model, anchor, total))
+    stats = GRPOUpdater(model, UpdaterConfig(lr=1e-2, anchor_coef=1.0)).step(flat, anchor)
+    with torch.no_grad():
+        after = float(sft_loss(model, anchor, total))
+    assert stats["optimizer_steps"] == 1 and after < before - 1e-3
+    callers = [s for s in anchor if s.role == "caller"]
+    stats = GRPOUpdater(model, UpdaterConfig(lr=1e-2, anchor_coef=1.0, simulator_weight=0.0)).compute_gradients(
+        flat, anchor)
+    assert stats["anchor_tokens"] == sum(s.target_count for s in callers)
+    before = _params(model)
+    stats = GRPOUpdater(model, UpdaterConfig(lr=1e-2, anchor_coef=1.0, caller_weight=0.0)).step(flat, callers)
+    assert stats["optimizer_steps"] == 0 and not _changed(before, model)

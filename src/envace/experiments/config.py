@@ -82,6 +82,11 @@ class GRPOConfig(_Section):
     norm_by_std: bool = False
     empty_penalty: float = Field(0.1, ge=0)
     kl_coef: float = Field(0.0, ge=0)
+    anchor_coef: float = Field(0.0, ge=0, description="weight of the warm-start anchor in every update: the mean "
+                               "token NLL of `anchor_samples` SFT samples of the warm start's oracle trajectories "
+                               "(drawn per step), added to the GRPO loss; holds what groups that all succeed give "
+                               "no gradient for. 0: off")
+    anchor_samples: int = Field(16, ge=1, description="anchor samples per step (with anchor_coef > 0)")
     caller_weight: float = Field(1.0, ge=0)
     simulator_weight: float = Field(1.0, ge=0)
     micro_batch_tokens: int = Field(4096, ge=64)

@@ -128,6 +128,21 @@ def sft_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
     return random.Random(cfg.seed).sample(usable, min(cfg.sft.trajectories, len(usable)))
 
 
+def anchor_pool(cfg: TrainConfig, tokenizer: Any) -> list:
+    """The samples ``grpo.anchor_coef`` draws from: the warm start's own SFT samples (its oracle
+    trajectories, as ``sft_tasks`` picks them: the same on every rank and in a resumed run)."""
+    tasks = sft_tasks(cfg, train_tasks(cfg)) if cfg.bench is None else []
+    if not tasks:
+        raise ValueError("grpo.anchor_coef: the anchor replays the embedded worlds' oracle (as the SFT warm start "
+                         "does); these train tasks have no reference solution in a real world; set anchor_coef: 0")
+    return warm_start_samples(cfg, tasks, tokenizer)
+
+
+def step_anchor(samples: list, cfg: TrainConfig, step: int) -> list:
+    """A step's anchor samples: a function of (seed, step), so every rank and a resumed run agree."""
+    return random.Random(cfg.seed * 1_000_033 + step).sample(samples, min(cfg.grpo.anchor_samples, len(samples)))
+
+
 def rl_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
     """The tasks GRPO draws from: by default the train tasks the warm start did not imitate.
     A small model re-solves its SFT tasks from memory (far above its test success; figures in
@@ -592,6 +607,10 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
                                  resume_step=st.start_step if resume is not None else None)
         metrics_log = MetricsLog(run, trackers, samples_every=cfg.report_samples_every)
     tok = models.tokenizer
+    anchors = anchor_pool(cfg, tok) if cfg.grpo.anchor_coef > 0 else []
+    if anchors:
+        log(f"anchor: {cfg.grpo.anchor_samples} of the warm start's {len(anchors)} SFT samples per step, "
+            f"weight {cfg.grpo.anchor_coef}")
     pool = grpo_pool(cfg, bench)
     held_out = real_eval_tasks(cfg, pool, bench)
     kind = eval_kind(cfg, held_out)
@@ -681,7 +700,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
         kv1 = _kv_counts(caller_backend, sim_backend)
         gap = _recompute_logprobs(cfg, models.spec, st.updaters, tok, scored) if separate else None
         ustats = update_for_mode(models.spec, st.updaters, scored,
-                                 lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps))
+                                 lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps),
+                                 anchor=step_anchor(anchors, cfg, step) if anchors else ())
         backends.sync()  # the serving engine generates the next rollouts with the new weights
         t_total = time.perf_counter() - t0
         rolled = dist.gather_objects(acc, [(tok_s, t_roll)])

@@ -70,6 +70,14 @@ def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     return (decoder, head) if decoder is not None and head is not None else None
 
 
+def sft_loss(model: nn.Module, batch: Sequence[TurnSample], total_tokens: int, pad_id: int = 0) -> torch.Tensor:
+    """Summed target-token NLL of ``batch`` divided by ``total_tokens`` (of the whole update)."""
+    packed = pack_samples([ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in batch], pad_id=pad_id)
+    logp, _ = token_logprobs(model, packed)
+    mask = packed.token_mask.to(logp.device)
+    return -(logp * mask).sum() / total_tokens
+
+
 def token_logprobs(
     model: nn.Module,
     packed: PackedBatch,

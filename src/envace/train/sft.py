@@ -26,8 +26,8 @@ from envace.rollout.actors import OracleActor
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import RealSource, dump_result
 from envace.train.advantages import ScoredSample
-from envace.train.batching import merge_turns, pack_samples, split_micro_batches
-from envace.train.grpo_loss import MixedPrecision, autocast, token_logprobs
+from envace.train.batching import merge_turns, split_micro_batches
+from envace.train.grpo_loss import MixedPrecision, autocast, sft_loss
 from envace.train.step import trainable_parameters
 
 
@@ -118,14 +118,6 @@ class SFTStats:
     tokens: int
     first_loss: float
     last_loss: float
-
-
-def sft_loss(model: nn.Module, batch: Sequence[TurnSample], total_tokens: int, pad_id: int = 0) -> torch.Tensor:
-    """Summed target-token NLL of ``batch`` divided by ``total_tokens`` (of the whole update)."""
-    packed = pack_samples([ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in batch], pad_id=pad_id)
-    logp, _ = token_logprobs(model, packed)
-    mask = packed.token_mask.to(logp.device)
-    return -(logp * mask).sum() / total_tokens
 
 
 def lr_factor(step: int, total: int, schedule: str, warmup: float = 0.05) -> float:

@@ -21,7 +21,7 @@ from envace.train.batching import merge_trajectory_turns, padding_fraction, spli
 from envace.train.collectives import (gather_objects, launched_distributed, merge_rank_stats, num_processes,
                                       reduce_max, reduce_sum, set_sync)
 from envace.train.grpo_loss import (ROLES, LossAgg, MixedPrecision, OldLogprobs, autocast, grpo_loss,
-                                    merge_loss_stats, role_normalizers)
+                                    merge_loss_stats, role_normalizers, sft_loss)
 from envace.train.modes import ModeSpec
 
 
@@ -38,6 +38,10 @@ class UpdaterConfig:
     clip_high: float | None = None  # asymmetric upper clip (DAPO); None: same as clip
     agg: LossAgg = "token_mean"
     kl_coef: float = 0.0
+    # Weight of the anchor term: the mean token NLL of the anchor samples a step is given (the warm
+    # start's oracle turns), added to the policy-gradient loss, as InstructGPT's pretraining mix.
+    # GRPO has no gradient on groups that all succeed, so nothing else holds what they do well.
+    anchor_coef: float = 0.0
     caller_weight: float = 1.0
     simulator_weight: float = 1.0
     temperature: float = 1.0  # the sampler's, so that new/old log-probs are comparable
@@ -209,7 +213,8 @@ class GRPOUpdater:
             if fsdp:
                 self.trained.set_requires_gradient_sync(True)
 
-    def compute_gradients(self, scored: Sequence[ScoredSample]) -> dict[str, float]:
+    def compute_gradients(self, scored: Sequence[ScoredSample],
+                          anchor: Sequence[TurnSample] = ()) -> dict[str, float]:
         """Zero the grads, then accumulate the full-batch loss gradient over micro-batches.
 
         Every micro-batch's role losses are normalised by the *full* batch's per-role counts
@@ -218,6 +223,10 @@ class GRPOUpdater:
         processes. Ranks hold different numbers of micro-batches; every rank runs the same number
         of forward/backward passes (the short ones add zero-weighted passes), as DDP and FSDP need.
         ``global_micro_batches`` is the most any rank ran: 0 means nothing to learn from anywhere.
+
+        ``anchor`` (with ``anchor_coef`` > 0): samples whose mean target-token NLL, times
+        ``anchor_coef``, joins the loss. Every rank must get the same anchor samples: each rank's
+        anchor gradient is then the whole term, and the ranks' average is too.
         """
         cfg, acc, world = self.config, self.accelerator, self.processes
         self.stepper.zero_grad(set_to_none=True)
@@ -234,12 +243,18 @@ class GRPOUpdater:
             batch = merge_trajectory_turns(batch)
         micro = split_micro_batches(batch, cfg.micro_batch_tokens) if batch else []
         passes = reduce_max(acc, len(micro))
+        weights = cfg.role_weights()
+        anchored = [s for s in anchor if weights[s.role] != 0.0 and s.target_count > 0] if cfg.anchor_coef > 0 else []
+        anchor_tokens = sum(s.target_count for s in anchored)
+        anchor_micro = split_micro_batches([ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in anchored],
+                                           cfg.micro_batch_tokens)
+        last_pass = passes + len(anchor_micro) - 1
         pad_role: Role = next((r for r in ROLES if cfg.role_weights()[r] != 0.0), "caller")
         parts: list[dict[str, float]] = []
         for i in range(passes):
             real = i < len(micro)
             mb = micro[i] if real else [_padding_sample(cfg.pad_id, pad_role)]
-            with self._sync(last=i == passes - 1):
+            with self._sync(last=i == last_pass):
                 with autocast(self.model, cfg.mixed_precision):
                     loss, stats = grpo_loss(self.scorer, mb, ref_model=self.ref_model, normalizers=normalizers,
                                             **cfg.loss_settings())
@@ -250,9 +265,23 @@ class GRPOUpdater:
                     loss.backward()
             if real:
                 parts.append(stats)
+        nll = 0.0
+        for j, amb in enumerate(anchor_micro):
+            with self._sync(last=passes + j == last_pass):
+                with autocast(self.model, cfg.mixed_precision):
+                    loss = sft_loss(self.scorer, [m.sample for m in amb], anchor_tokens, cfg.pad_id)
+                nll += float(loss.detach())
+                loss = loss * cfg.anchor_coef
+                if acc is not None:
+                    acc.backward(loss)
+                else:
+                    loss.backward()
         out = merge_loss_stats(parts) if parts else {"loss": 0.0, "tokens": 0.0}
+        if anchor_micro:
+            out["anchor_nll"] = nll  # mean NLL per anchor target token, before the update
+            out["anchor_tokens"] = float(anchor_tokens)
         out["micro_batches"] = float(len(micro))
-        out["global_micro_batches"] = float(passes)
+        out["global_micro_batches"] = float(passes + len(anchor_micro))
         out["padding_frac"] = padding_fraction(micro)
         out["skipped_zero_adv"] = float(skipped)
         out["merged_away"] = float(unmerged - len(batch))  # turns that rode along in a merged sequence
@@ -268,8 +297,9 @@ class GRPOUpdater:
                 norm = norm.full_tensor()
         return float(norm)
 
-    def step(self, scored: Sequence[ScoredSample]) -> dict[str, float]:
-        """``ppo_epochs`` x (accumulate, clip grad norm, AdamW step). Returns the last epoch's
+    def step(self, scored: Sequence[ScoredSample], anchor: Sequence[TurnSample] = ()) -> dict[str, float]:
+        """``ppo_epochs`` x (accumulate, clip grad norm, AdamW step); ``anchor``: see
+        ``compute_gradients`` (a step with anchor samples steps even without GRPO signal). Returns the last epoch's
         stats (merged over ranks) plus ``grad_norm`` (before clipping), ``lr`` and
         ``optimizer_steps``. A batch with nothing to learn from (all advantages 0, or no trained
         role, on every rank) takes no optimiser step, so weight decay and Adam momentum do not
@@ -281,7 +311,7 @@ class GRPOUpdater:
         steps = 0
         grad_norm: float | None = None
         for _ in range(self.config.ppo_epochs):
-            stats = self.compute_gradients(scored)
+            stats = self.compute_gradients(scored, anchor)
             if not stats["global_micro_batches"]:
                 break
             grad_norm = self._clip()
@@ -346,14 +376,18 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
 
 
 def update_for_mode(
-    spec: ModeSpec, updaters: Mapping[str, GRPOUpdater], scored: Sequence[ScoredSample], lr: float | None = None
+    spec: ModeSpec, updaters: Mapping[str, GRPOUpdater], scored: Sequence[ScoredSample], lr: float | None = None,
+    anchor: Sequence[TurnSample] = (),
 ) -> dict[str, float]:
     """Step every trained model on its own samples; stats keys are prefixed ``<model>/``.
-    ``lr``: this step's learning rate for every optimiser (None: leave it as it is)."""
+    ``lr``: this step's learning rate for every optimiser (None: leave it as it is). ``anchor``:
+    the step's anchor samples (``UpdaterConfig.anchor_coef``), each to the model of its role."""
     stats: dict[str, float] = {}
+    anchors = spec.split_by_model([ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in anchor])
     for key, samples in spec.split_by_model(scored).items():
         if lr is not None:
             updaters[key].set_lr(lr)
-        for name, value in updaters[key].step(samples).items():
+        mine = [a.sample for a in anchors.get(key, [])]
+        for name, value in updaters[key].step(samples, mine).items():
             stats[f"{key}/{name}"] = value
     return stats
