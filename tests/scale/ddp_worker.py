@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from scale_helpers import make_trajectories, make_updaters, tiny_models  # noqa: E402
+from scale_helpers import make_anchor, make_trajectories, make_updaters, tiny_models  # noqa: E402
 
 from envace.train import distributed as dist  # noqa: E402
 from envace.train.advantages import compute_advantages  # noqa: E402
@@ -50,7 +50,7 @@ def main(out_dir: str, parallel: str = "ddp") -> int:
     scored = dist.compute_advantages_global(accelerator, local)
     spec = ModeSpec.for_mode("noshare")
     updaters = dist.prepare_updaters(accelerator, make_updaters(caller, simulator), parallel)
-    stats = update_for_mode(spec, updaters, scored)
+    stats = update_for_mode(spec, updaters, scored, anchor=make_anchor(len(tok)))  # every rank: the same anchor
     optimizers = dist.optimizers_of(updaters)  # under FSDP: gathered, a collective
     saved = {k: o if isinstance(o, dict) else o.state_dict() for k, o in optimizers.items()}
     torch.save({"rank": rank, "stats": stats,

@@ -70,9 +70,21 @@ def make_trajectories(model, vocab: int, seed: int = 0) -> list[Trajectory]:
     return out
 
 
-CALLER_CFG = UpdaterConfig(lr=0.5, max_grad_norm=None, micro_batch_tokens=48, with_entropy=True)
+CALLER_CFG = UpdaterConfig(lr=0.5, max_grad_norm=None, micro_batch_tokens=48, with_entropy=True, anchor_coef=0.5)
 SIM_CFG = UpdaterConfig(lr=1e-4, adam_eps=1e-4, max_grad_norm=0.05, micro_batch_tokens=64, ppo_epochs=2,
-                        with_entropy=False)
+                        with_entropy=False, anchor_coef=0.3)
+
+
+def make_anchor(vocab: int, seed: int = 1) -> list[TurnSample]:
+    """Anchor samples of both roles (grpo.anchor_coef): the same on every rank, as a run draws them."""
+    rng = random.Random(seed)
+    out = []
+    for i, role in enumerate(["caller", "simulator"] * 3):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(4, 20))]
+        gen = [rng.randrange(vocab) for _ in range(rng.randint(2, 9))]
+        out.append(TurnSample(role=role, group_id=f"anchor{i}", trajectory_index=0, turn=0, prompt_ids=prompt,
+                              gen_ids=gen, logprobs=[0.0] * len(gen)))  # an NLL target: no sampler
+    return out
 
 
 def make_updaters(caller, simulator) -> dict[str, GRPOUpdater]:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from scale_helpers import finish, launch_two, make_trajectories, make_updaters, tiny_models
+from scale_helpers import finish, launch_two, make_anchor, make_trajectories, make_updaters, tiny_models
 
 from envace.train import distributed as dist
 from envace.train.advantages import compute_advantages
@@ -40,7 +40,8 @@ def test_two_processes_take_the_one_process_update(tmp_path, parallel):
              "simulator": {k: v.clone() for k, v in simulator.state_dict().items()}}
     trajs = make_trajectories(caller, len(tok))
     ref_updaters = make_updaters(caller, simulator)
-    ref_stats = update_for_mode(ModeSpec.for_mode("noshare"), ref_updaters, compute_advantages(trajs))
+    ref_stats = update_for_mode(ModeSpec.for_mode("noshare"), ref_updaters, compute_advantages(trajs),
+                                anchor=make_anchor(len(tok)))
     ref = {"caller": caller.state_dict(), "simulator": simulator.state_dict()}
     code, output = _wait(launcher)
     assert code == 0, f"accelerate launch exited {code}:\n{output}"
@@ -73,7 +74,8 @@ def test_two_processes_take_the_one_process_update(tmp_path, parallel):
 
     stats = ranks[0]["stats"]
     assert stats == ranks[1]["stats"]
-    for k in ("caller/loss", "caller/grad_norm", "simulator/loss", "caller/entropy", "simulator/ratio_mean"):
+    for k in ("caller/loss", "caller/grad_norm", "simulator/loss", "caller/entropy", "simulator/ratio_mean",
+              "caller/anchor_nll", "simulator/anchor_nll"):
         assert stats[k] == pytest.approx(ref_stats[k], rel=1e-4, abs=1e-6), k
     for k in ("caller/tokens", "caller/samples/caller", "simulator/tokens", "caller/skipped_zero_adv",
               "simulator/optimizer_steps", "caller/optimizer_steps", "caller/merged_away"):
