@@ -1,0 +1,78 @@
+"""torch.compile as a lever on the GRPO update (issue #20, item 1): one bf16 update of SmolLM2 +
+LoRA r=16 with eager decoder layers against the same update with every decoder layer compiled
+(``layer.compile(dynamic=True)``: the layers only, so the prefix-sharing cache code around them
+stays eager), on the same oracle samples.
+
+Usage: python benchmarks/compile_update.py [--model smollm2] [--tasks 2] [--group-size 2]
+           [--max-turns 2] [--repeats 2] [--micro-batch-tokens 2048] [--threads 1]
+
+Samples as in bf16_update.py. Two copies of the model start from the same weights; the first two
+rounds (compilation, and recompiles for new shapes) are not timed; each timed round steps both,
+alternating who goes first. Printed: tokens per second of each and the paired ratio.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import load1, make_parser, peak_rss_mib, spread, start  # noqa: E402
+from _samples import oracle_samples, sample_stats  # noqa: E402
+from train_throughput import fill_logprobs  # noqa: E402
+
+from envace.core.prompts import PromptStyle  # noqa: E402
+from envace.experiments.tasks import select_tasks  # noqa: E402
+from envace.policy.loading import load_model  # noqa: E402
+from envace.train.batching import sequence_length  # noqa: E402
+from envace.train.grpo_loss import decoder_and_head  # noqa: E402
+from envace.train.step import GRPOUpdater, UpdaterConfig  # noqa: E402
+
+UNTIMED = 2  # compilation, then the recompiles for shapes the first round did not have
+
+
+def main() -> None:
+    p = make_parser(__doc__, model="smollm2", world="shop", tasks=2, group_size=2, max_turns=2)
+    p.add_argument("--micro-batch-tokens", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=2)
+    args = start(p, "GRPO update: eager vs compiled decoder layers (SmolLM2 + LoRA r=16, bf16 autocast)")
+    from peft import LoraConfig, get_peft_model
+
+    base, tok = load_model(args.model)
+    eager = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).train()
+    compiled = copy.deepcopy(eager)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    tasks = select_tasks(args.world, "test", limit=args.tasks, tool_distractors=1)
+    scored = oracle_samples(tok, tasks, PromptStyle(max_examples=2, max_history_results=3), args.group_size,
+                            args.max_turns)
+    scored = fill_logprobs(eager, scored, pad_id, args.micro_batch_tokens)
+    tokens = sum(sequence_length(s) for s in scored)
+    print(f"samples     {sample_stats(scored)}")
+    parts = decoder_and_head(compiled)
+    if parts is None:
+        raise SystemExit(f"{args.model}: not a transformers decoder with separate layers")
+    for layer in parts[0].layers:
+        layer.compile(dynamic=True)
+    cfg = UpdaterConfig(lr=1e-4, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id, old_logprobs="current",
+                        mixed_precision="bf16")
+    ups = {"eager": GRPOUpdater(eager, cfg), "compiled": GRPOUpdater(compiled, cfg)}
+    times: dict[str, list[float]] = {name: [] for name in ups}
+    for rep in range(args.repeats + UNTIMED):
+        for name in (["eager", "compiled"] if rep % 2 == 0 else ["compiled", "eager"]):
+            t = time.perf_counter()
+            ups[name].step(scored)
+            dt = time.perf_counter() - t
+            if rep >= UNTIMED:
+                times[name].append(dt)
+            print(f"round {rep}  {name:<8}  {dt:.1f} s = {tokens / dt:.1f} tok/s (load1 {load1():.2f})", flush=True)
+    print("-- summary (median [min-max])")
+    for name in times:
+        print(f"{name:<8} tok/s  {spread([tokens / t for t in times[name]])}")
+    print(f"compiled / eager throughput  {spread([e / c for e, c in zip(times['eager'], times['compiled'])])}")
+    print(f"peak RSS {peak_rss_mib():.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
