@@ -71,6 +71,9 @@ def main() -> None:
     for name in times:
         print(f"{name:<8} tok/s  {spread([tokens / t for t in times[name]])}")
     print(f"compiled / eager throughput  {spread([e / c for e, c in zip(times['eager'], times['compiled'])])}")
+    from torch._dynamo.utils import counters
+
+    print(f"compiled graphs {counters['stats']['unique_graphs']}, graph breaks {sum(counters['graph_break'].values())}")
     print(f"peak RSS {peak_rss_mib():.0f} MiB")
 
 
