@@ -249,7 +249,7 @@ class GRPOUpdater:
         anchor_micro = split_micro_batches([ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in anchored],
                                            cfg.micro_batch_tokens)
         last_pass = passes + len(anchor_micro) - 1
-        pad_role: Role = next((r for r in ROLES if cfg.role_weights()[r] != 0.0), "caller")
+        pad_role: Role = next((r for r in ROLES if weights[r] != 0.0), "caller")
         parts: list[dict[str, float]] = []
         for i in range(passes):
             real = i < len(micro)
