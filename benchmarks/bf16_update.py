@@ -51,6 +51,24 @@ def logprob_gap(model, scored, pad_id: int, max_tokens: int) -> tuple[float, flo
     return float(d.max()), float(d.mean())
 
 
+def lora_pair_and_samples(args) -> tuple:
+    """Two copies of ``args.model`` + LoRA r=16 with the same weights, and the oracle samples of
+    ``args`` with the first copy's log-probs: (a, b, pad_id, scored, tokens). Shared with
+    compile_update.py."""
+    from peft import LoraConfig, get_peft_model
+
+    base, tok = load_model(args.model)
+    a = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).train()
+    b = copy.deepcopy(a)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    tasks = select_tasks(args.world, "test", limit=args.tasks, tool_distractors=1)
+    scored = oracle_samples(tok, tasks, PromptStyle(max_examples=2, max_history_results=3), args.group_size,
+                            args.max_turns)
+    scored = fill_logprobs(a, scored, pad_id, args.micro_batch_tokens)
+    print(f"samples     {sample_stats(scored)}")
+    return a, b, pad_id, scored, sum(sequence_length(s) for s in scored)
+
+
 def main() -> None:
     p = make_parser(__doc__, model="smollm2", world="shop", tasks=2, group_size=2, max_turns=2)
     p.add_argument("--micro-batch-tokens", type=int, default=4096)
@@ -58,18 +76,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--old-logprobs", choices=["current", "sampler"], default="current")
     args = start(p, "GRPO update: fp32 vs bf16 autocast (SmolLM2 + LoRA r=16)")
-    from peft import LoraConfig, get_peft_model
-
-    base, tok = load_model(args.model)
-    fp32 = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).train()
-    bf16 = copy.deepcopy(fp32)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    tasks = select_tasks(args.world, "test", limit=args.tasks, tool_distractors=1)
-    scored = oracle_samples(tok, tasks, PromptStyle(max_examples=2, max_history_results=3), args.group_size,
-                            args.max_turns)
-    scored = fill_logprobs(fp32, scored, pad_id, args.micro_batch_tokens)
-    tokens = sum(sequence_length(s) for s in scored)
-    print(f"samples     {sample_stats(scored)}")
+    fp32, bf16, pad_id, scored, tokens = lora_pair_and_samples(args)
     gap_max, gap_mean = logprob_gap(fp32, scored, pad_id, args.micro_batch_tokens)
     print(f"log-probs   bf16 autocast vs fp32 at the start weights: max |diff| {gap_max:.4f}, mean {gap_mean:.5f}")
     cfg = UpdaterConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id,

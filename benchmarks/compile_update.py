@@ -13,20 +13,14 @@ alternating who goes first. Printed: tokens per second of each and the paired ra
 
 from __future__ import annotations
 
-import copy
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import load1, make_parser, peak_rss_mib, spread, start  # noqa: E402
-from _samples import oracle_samples, sample_stats  # noqa: E402
-from train_throughput import fill_logprobs  # noqa: E402
+from bf16_update import lora_pair_and_samples  # noqa: E402
 
-from envace.core.prompts import PromptStyle  # noqa: E402
-from envace.experiments.tasks import select_tasks  # noqa: E402
-from envace.policy.loading import load_model  # noqa: E402
-from envace.train.batching import sequence_length  # noqa: E402
 from envace.train.grpo_loss import decoder_and_head  # noqa: E402
 from envace.train.step import GRPOUpdater, UpdaterConfig  # noqa: E402
 
@@ -38,18 +32,7 @@ def main() -> None:
     p.add_argument("--micro-batch-tokens", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=2)
     args = start(p, "GRPO update: eager vs compiled decoder layers (SmolLM2 + LoRA r=16, bf16 autocast)")
-    from peft import LoraConfig, get_peft_model
-
-    base, tok = load_model(args.model)
-    eager = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")).train()
-    compiled = copy.deepcopy(eager)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    tasks = select_tasks(args.world, "test", limit=args.tasks, tool_distractors=1)
-    scored = oracle_samples(tok, tasks, PromptStyle(max_examples=2, max_history_results=3), args.group_size,
-                            args.max_turns)
-    scored = fill_logprobs(eager, scored, pad_id, args.micro_batch_tokens)
-    tokens = sum(sequence_length(s) for s in scored)
-    print(f"samples     {sample_stats(scored)}")
+    eager, compiled, pad_id, scored, tokens = lora_pair_and_samples(args)
     parts = decoder_and_head(compiled)
     if parts is None:
         raise SystemExit(f"{args.model}: not a transformers decoder with separate layers")
