@@ -3,7 +3,7 @@ against the same update with ``mixed_precision: bf16`` (the shipped option: the 
 autocast, fp32 weights and optimiser; this CPU has AVX512-BF16), on the same samples.
 
 Usage: python benchmarks/bf16_update.py [--model smollm2] [--tasks 2] [--group-size 2]
-           [--max-turns 2] [--repeats 2] [--threads 1]
+           [--max-turns 2] [--repeats 2] [--threads 1] [--sides fp32,bf16|bf16,bf16-base]
 
 Samples as in train_throughput.py (the oracle's real prompts and tool results, advantages +-1,
 sampler log-probs filled in by the fp32 model). Two copies of the model start from the same
@@ -13,6 +13,10 @@ absolute difference between the bf16 and fp32 log-probs of the batch's generated
 start weights, the cosine between the two gradients there, and how far the steps moved the LoRA
 weights apart (relative). ``--old-logprobs current`` (default, as bf16 rollouts train): each side's
 PPO ratio is taken against its own forward.
+
+``--sides bf16,bf16-base`` instead pairs the shipped option against the same with the frozen base
+model's linear weights stored in bf16 (LoRA only; the casts autocast makes each forward are then
+already done): the same gradient, is it faster?
 """
 
 from __future__ import annotations
@@ -69,43 +73,64 @@ def lora_pair_and_samples(args) -> tuple:
     return a, b, pad_id, scored, sum(sequence_length(s) for s in scored)
 
 
+SIDES = {"fp32,bf16": ("fp32", "bf16"), "bf16,bf16-base": ("bf16", "bf16-base")}
+
+
+def store_base_bf16(model) -> int:
+    """Store the frozen (non-LoRA) linear weights of ``model``'s decoder layers in bf16; how many
+    were cast. Not the head: tied to the embeddings, it would put the residual stream in bf16."""
+    n = 0
+    for name, m in model.named_modules():
+        if (isinstance(m, torch.nn.Linear) and "lora_" not in name and not name.endswith("lm_head")
+                and not m.weight.requires_grad):
+            m.weight.data = m.weight.data.to(torch.bfloat16)
+            n += 1
+    return n
+
+
 def main() -> None:
     p = make_parser(__doc__, model="smollm2", world="shop", tasks=2, group_size=2, max_turns=2)
     p.add_argument("--micro-batch-tokens", type=int, default=4096)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--old-logprobs", choices=["current", "sampler"], default="current")
+    p.add_argument("--sides", choices=sorted(SIDES), default="fp32,bf16")
     args = start(p, "GRPO update: fp32 vs bf16 autocast (SmolLM2 + LoRA r=16)")
-    fp32, bf16, pad_id, scored, tokens = lora_pair_and_samples(args)
-    gap_max, gap_mean = logprob_gap(fp32, scored, pad_id, args.micro_batch_tokens)
+    first, second = SIDES[args.sides]
+    model_a, model_b, pad_id, scored, tokens = lora_pair_and_samples(args)
+    gap_max, gap_mean = logprob_gap(model_a, scored, pad_id, args.micro_batch_tokens)
     print(f"log-probs   bf16 autocast vs fp32 at the start weights: max |diff| {gap_max:.4f}, mean {gap_mean:.5f}")
+    if second == "bf16-base":
+        print(f"base        {store_base_bf16(model_b)} frozen linear weights of the second copy stored in bf16")
     cfg = UpdaterConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id,
                         old_logprobs=args.old_logprobs)
-    ups = {"fp32": GRPOUpdater(fp32, cfg), "bf16": GRPOUpdater(bf16, replace(cfg, mixed_precision="bf16"))}
+    ups = {first: GRPOUpdater(model_a, replace(cfg, mixed_precision="no" if first == "fp32" else "bf16")),
+           second: GRPOUpdater(model_b, replace(cfg, mixed_precision="bf16"))}
     grads = {}
     for name, up in ups.items():
         up.compute_gradients(scored)
         grads[name] = torch.cat([p.grad.flatten() for p in up.params])
         up.optimizer.zero_grad(set_to_none=True)
-    cos = float(torch.nn.functional.cosine_similarity(grads["fp32"].double(), grads["bf16"].double(), dim=0))
-    print(f"gradient    cosine(bf16, fp32) at the start weights: {cos:.6f}")
+    cos = float(torch.nn.functional.cosine_similarity(grads[first].double(), grads[second].double(), dim=0))
+    print(f"gradient    cosine({second}, {first}) at the start weights: {cos:.6f}, "
+          f"max |diff| {float((grads[first] - grads[second]).abs().max()):.3g}")
 
-    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    times: dict[str, list[float]] = {first: [], second: []}
     for rep in range(args.repeats + 1):  # repeat 0 is the warm-up, not timed
-        for name in (["fp32", "bf16"] if rep % 2 == 0 else ["bf16", "fp32"]):
+        for name in ([first, second] if rep % 2 == 0 else [second, first]):
             t = time.perf_counter()
             ups[name].step(scored)
             dt = time.perf_counter() - t
             if rep:
                 times[name].append(dt)
             print(f"repeat {rep}  {name}  {dt:.1f} s = {tokens / dt:.1f} tok/s (load1 {load1():.2f})", flush=True)
-    a = {n: p for n, p in fp32.named_parameters() if p.requires_grad}
+    a = {n: p for n, p in model_a.named_parameters() if p.requires_grad}
     moved = max(float((p - a[n]).detach().norm() / a[n].detach().norm().clamp_min(1e-12))
-                for n, p in bf16.named_parameters() if p.requires_grad)
+                for n, p in model_b.named_parameters() if p.requires_grad)
     print("-- summary (median [min-max])")
     for name in times:
         print(f"{name:<5} tok/s  {spread([tokens / t for t in times[name]])}")
-    print(f"bf16 / fp32 throughput  {spread([f / b for f, b in zip(times['fp32'], times['bf16'])])}")
+    print(f"{second} / {first} throughput  {spread([f / b for f, b in zip(times[first], times[second])])}")
     print(f"after {args.repeats + 1} steps each: largest relative difference of a LoRA weight {moved:.4f}")
     print(f"peak RSS {peak_rss_mib():.0f} MiB")
 
