@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, metavar="PNG", help="success by step per source, the runs pooled")
     p.add_argument("--start", type=Path, metavar="RUN", help="the start figures come from this run's first eval: "
                    "for runs from its warm start that skipped their own (eval.at_start: false)")
+    p.add_argument("--start-step", type=int, metavar="K", help="with --start: that run's eval at step K instead "
+                   "of its first (e.g. two runs from one start compared at the same step)")
     args = p.parse_args(argv)
     start = None
     if args.start is not None:
@@ -39,7 +41,12 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
         if not start_by_step:
             p.error(f"{args.start}: no eval episodes (evals.jsonl)")
-        start = start_by_step[min(start_by_step)]
+        k = min(start_by_step) if args.start_step is None else args.start_step
+        if k not in start_by_step:
+            p.error(f"{args.start}: no eval at step {k} (steps: {sorted(start_by_step)})")
+        start = start_by_step[k]
+    elif args.start_step is not None:
+        p.error("--start-step needs --start")
     lines = ["| run | tasks | start | end | gain (paired s.e.) |", "|---|---|---|---|---|"]
     # pooled per training source: a run and its baseline share their tasks, so never pool across
     before: dict[str, dict[tuple[str, str], float]] = {}
@@ -62,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         runs_of.setdefault(source, []).append(by_step)
         before.setdefault(source, {}).update({(str(path), t): v for t, v in a.items()})
         after.setdefault(source, {}).update({(str(path), t): v for t, v in b.items()})
-        where = "start run" if first == -1 else f"step {first}"
+        where = (("start run" if args.start_step is None else f"start run, step {args.start_step}")
+                 if first == -1 else f"step {first}")
         lines.append(f"| {path} | {n} | {sum(a.values()) / len(a):.3f} ({where}) | "
                      f"{sum(b.values()) / len(b):.3f} (step {last}) | {gain:+.3f} ({se:.3f}) |")
     for source, members in runs_of.items():

@@ -33,3 +33,15 @@ def test_a_run_without_its_own_start_eval_pairs_with_the_start_run(tmp_path, cap
     with pytest.raises(SystemExit):
         gain.main([str(other), "--start", str(base)])
     assert "different tasks" in capsys.readouterr().err
+
+
+def test_start_step_pairs_two_runs_at_a_chosen_step(tmp_path, capsys):
+    a = _run(tmp_path, "a", "real", [(8, "x", 0.0), (8, "y", 0.0), (16, "x", 1.0), (16, "y", 0.0)])
+    b = _run(tmp_path, "b", "rehearsal", [(8, "x", 0.0), (8, "y", 1.0), (16, "x", 1.0), (16, "y", 1.0)])
+    assert eval_gain.main([str(b), "--start", str(a), "--start-step", "16"]) == 0
+    assert f"| {b} | 2 | 0.500 (start run, step 16) | 1.000 (step 16) | +0.500 (0.500) |" in capsys.readouterr().out
+    for argv in ([str(b), "--start", str(a), "--start-step", "12"], [str(b), "--start-step", "16"]):
+        with pytest.raises(SystemExit):
+            eval_gain.main(argv)
+    err = capsys.readouterr().err
+    assert "no eval at step 12 (steps: [8, 16])" in err and "--start-step needs --start" in err
