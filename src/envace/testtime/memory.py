@@ -178,14 +178,15 @@ PLAN_HEADER = "Plan from your rehearsal (its tool results were imagined: use the
 def _working_calls(traj: Trajectory) -> tuple[list[ToolCall], int]:
     """The calls whose (imagined) result was readable and not an error, in order, and how many
     other steps the attempt had (malformed calls, errors, unreadable results)."""
-    steps = episode_steps(traj)
-    worked = [call for call, answer in steps if _step_worked(call, answer)]
-    return worked, len(steps) - len(worked)
-
-
-def _step_worked(call: ToolCall | None, answer: Message) -> bool:
-    value = _load(answer.content)
-    return call is not None and value is not None and not is_error(value)
+    worked: list[ToolCall] = []
+    failed = 0
+    for call, answer in episode_steps(traj):
+        value = _load(answer.content)
+        if call is None or value is None or is_error(value):
+            failed += 1
+        else:
+            worked.append(call)
+    return worked, failed
 
 
 def _attempt_rank(traj: Trajectory) -> tuple[int, int, int]:
@@ -223,9 +224,10 @@ def plan_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
     # max() keeps the first of equals: reversed, so a tie goes to the latest attempt.
     best = max(reversed(attempts), key=_attempt_rank)
     request = next((m.content for m in best.messages if m.role == "user"), "")
+    worked = _working_calls(best)[0]
     steps, seen = [], ""
     for call, answer in episode_steps(best):
-        if _step_worked(call, answer):
+        if any(call is w for w in worked):
             steps.append(_plan_step(call, seen, request))
         seen += "\n" + (answer.content if isinstance(answer.content, str) else "")
     if not steps:
