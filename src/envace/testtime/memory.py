@@ -196,40 +196,15 @@ def _attempt_rank(traj: Trajectory) -> tuple[int, int, int]:
     return (int(traj.stop_reason == "final_answer" and bool(traj.final_answer.strip())), -failed, len(worked))
 
 
-def _imagined_id(value: Any, seen: str, request: str) -> bool:
-    """An argument the attempt read out of an imagined result: a string with a digit (an id, not a
-    word such as "declined") that an earlier result shows and the user's request does not."""
-    return (isinstance(value, str) and any(c.isdigit() for c in value) and value in seen
-            and value not in request)
-
-
-def _plan_step(call: ToolCall, seen: str, request: str) -> str:
-    """The call as the plan shows it: arguments copied from imagined results are named, not given
-    (the committed run copied imagined ids into its real calls)."""
-    ids = sorted(k for k, v in call.arguments.items() if _imagined_id(v, seen, request))
-    if not ids:
-        return _call_text(call)
-    kept = {k: v for k, v in call.arguments.items() if k not in ids}
-    head = _call_text(ToolCall(name=call.name, arguments=kept)) if kept else call.name
-    return f"{head} with {', '.join(ids)} from the real result"
-
-
 def plan_memory(attempts: list[Trajectory], max_chars: int = 600) -> str:
     """The calls that worked in the best-looking attempt, in order, and nothing else: no failed
     call (a small model copies what it is shown, failures included) and no imagined value or
-    answer (a world model's ids and figures are guesses): an argument taken from an imagined
-    result is named, its value left out. '' when no attempt has such a call."""
+    answer (a world model's ids and figures are guesses). '' when no attempt has such a call."""
     if not attempts:
         return ""
     # max() keeps the first of equals: reversed, so a tie goes to the latest attempt.
     best = max(reversed(attempts), key=_attempt_rank)
-    request = next((m.content for m in best.messages if m.role == "user"), "")
-    worked = _working_calls(best)[0]
-    steps, seen = [], ""
-    for call, answer in episode_steps(best):
-        if any(call is w for w in worked):
-            steps.append(_plan_step(call, seen, request))
-        seen += "\n" + (answer.content if isinstance(answer.content, str) else "")
+    steps = [_call_text(call) for call in _working_calls(best)[0]]
     if not steps:
         return ""
     lines = [PLAN_HEADER]
