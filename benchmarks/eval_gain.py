@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start-step", type=int, metavar="K", help="with --start: that run's eval at step K instead "
                    "of its first (e.g. two runs from one start compared at the same step)")
     args = p.parse_args(argv)
-    start = None
+    start, start_where = None, "start run"
     if args.start is not None:
         try:
             start_by_step = eval_task_success(RunDir.open(args.start))
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         if k not in start_by_step:
             p.error(f"{args.start}: no eval at step {k} (steps: {sorted(start_by_step)})")
         start = start_by_step[k]
+        if args.start_step is not None:
+            start_where = f"start run, step {k}"
     elif args.start_step is not None:
         p.error("--start-step needs --start")
     lines = ["| run | tasks | start | end | gain (paired s.e.) |", "|---|---|---|---|---|"]
@@ -69,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         runs_of.setdefault(source, []).append(by_step)
         before.setdefault(source, {}).update({(str(path), t): v for t, v in a.items()})
         after.setdefault(source, {}).update({(str(path), t): v for t, v in b.items()})
-        where = (("start run" if args.start_step is None else f"start run, step {args.start_step}")
-                 if first == -1 else f"step {first}")
+        where = start_where if first == -1 else f"step {first}"
         lines.append(f"| {path} | {n} | {sum(a.values()) / len(a):.3f} ({where}) | "
                      f"{sum(b.values()) / len(b):.3f} (step {last}) | {gain:+.3f} ({se:.3f}) |")
     for source, members in runs_of.items():
