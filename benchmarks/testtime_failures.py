@@ -21,13 +21,13 @@ imagined error result. A memory can only act on what the rehearsal shows.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from envace.core import safejson
 from envace.core.errors import is_error
+from envace.core.jsonl import read_jsonl_dicts
 
 KINDS = ("malformed", "tool error", "wrong pick", "other call", "answer only")
 CALL_CHECKS = frozenset({"called", "state", "end_state"})
@@ -36,7 +36,10 @@ CALL_CHECKS = frozenset({"called", "state", "end_state"})
 def _rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise SystemExit(f"{path}: not found (an `envace eval --sweep` output directory?)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        return read_jsonl_dicts(path)  # a bad line: its file and line number, not a traceback
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def _values(x: Any) -> list[str]:
@@ -84,15 +87,13 @@ def report(out: Path) -> str:
     base = {r["task_id"]: r for r in committed if r["condition"] == "none"}
     if not base:
         raise SystemExit(f"{out / 'committed.jsonl'}: no 'none' condition (run the sweep with budget 0)")
-    first: dict[str, tuple[int, dict[str, Any]]] = {}
-    for r in _rows(out / "rehearsals.jsonl"):
-        if r["mode"] == "parallel" and r["attempt"] == 0:
-            first[r["task_id"]] = (0, r["trajectory"])
+    first = {r["task_id"]: r["trajectory"] for r in _rows(out / "rehearsals.jsonl")
+             if r["mode"] == "parallel" and r["attempt"] == 0}
     kinds: Counter[str] = Counter()
     flagged: Counter[str] = Counter()
     solved_flagged = solved = 0
     for tid, row in base.items():
-        shown = tid in first and showed_problem(first[tid][1])
+        shown = tid in first and showed_problem(first[tid])
         if row["success"]:
             solved += 1
             solved_flagged += shown

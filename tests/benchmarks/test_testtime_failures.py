@@ -102,3 +102,10 @@ def test_report_counts_failures_and_rehearsal_problems(tmp_path):
     missing = subprocess.run([sys.executable, str(ROOT / "benchmarks/testtime_failures.py"), str(tmp_path / "no")],
                              capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert missing.returncode != 0 and "committed.jsonl: not found" in missing.stderr
+    # a torn line inside the file: one line naming the file and the line, no traceback
+    lines = (tmp_path / "committed.jsonl").read_text().splitlines()
+    (tmp_path / "committed.jsonl").write_text("\n".join([lines[0], lines[1][:40], lines[2]]) + "\n")
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/testtime_failures.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0 and "committed.jsonl:2: not valid JSON" in bad.stderr
+    assert "Traceback" not in bad.stderr
