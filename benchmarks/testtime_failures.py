@@ -28,9 +28,9 @@ from typing import Any
 from envace.core import safejson
 from envace.core.errors import is_error
 from envace.core.jsonl import read_jsonl_dicts
+from per_template import CALL_CHECKS  # the tool-side checks, as per_template.py --failures counts them
 
 KINDS = ("malformed", "tool error", "wrong pick", "other call", "answer only")
-CALL_CHECKS = frozenset({"called", "state", "end_state"})
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

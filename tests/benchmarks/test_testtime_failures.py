@@ -2,6 +2,7 @@
 calendar world (a wrong pick out of a real list, an unknown tool, a malformed call, a wrong answer),
 and whether a rehearsal showed a problem."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -31,6 +32,7 @@ class PlanActor:
         return [ActorTurn(text=self.steps[turn](v) if turn < len(self.steps) else self.answer) for v in views]
 
 
+@functools.cache
 def _task():
     """A list-then-read task whose real list holds another event to pick by mistake."""
     for t in load_tasks("calendar", "test", limit=60):
@@ -51,6 +53,14 @@ def _listing(task):
     return lambda v: format_tool_call(task.reference.calls[0])
 
 
+def _read(task):
+    return lambda v: format_tool_call(task.reference.calls[1])
+
+
+def _unknown_event(view):
+    return format_tool_call(ToolCall(name="get_event", arguments={"event_id": "e-0000"}))
+
+
 def _other_event(task):
     def step(view):
         listed = safejson.loads(view.history[-1].content)[0]["events"]
@@ -61,13 +71,13 @@ def _other_event(task):
 
 def test_each_kind_from_real_episodes():
     task = _task()
-    right = lambda v: format_tool_call(task.reference.calls[1])  # noqa: E731
+    right = _read(task)
     oracle = _play(task, [_listing(task), right], task.reference.answer)
     assert oracle["reward"] == 1.0
     wrong_pick = _play(task, [_listing(task), _other_event(task)], task.reference.answer)
     assert wrong_pick["reward"] < 1.0 and failure_kind(wrong_pick) == "wrong pick"
     # an id it was never shown is not a pick
-    unseen = _play(task, [lambda v: format_tool_call(ToolCall(name="get_event", arguments={"event_id": "e-0000"}))])
+    unseen = _play(task, [_unknown_event])
     assert failure_kind(unseen) == "tool error"  # the real world does not know e-0000
     never = _play(task, [_listing(task)], task.reference.answer)
     assert failure_kind(never) == "other call"  # get_event never called
@@ -79,10 +89,8 @@ def test_each_kind_from_real_episodes():
 def test_report_counts_failures_and_rehearsal_problems(tmp_path):
     task = _task()
     trajs = {"wrong": _play(task, [_listing(task), _other_event(task)], task.reference.answer),
-             "solved": _play(task, [_listing(task), lambda v: format_tool_call(task.reference.calls[1])],
-                             task.reference.answer),
-             "unknown": _play(task, [lambda v: format_tool_call(ToolCall(name="get_event",
-                                                                         arguments={"event_id": "e-0000"}))])}
+             "solved": _play(task, [_listing(task), _read(task)], task.reference.answer),
+             "unknown": _play(task, [_unknown_event])}
     committed = [{"condition": "none", "task_id": k, "success": t["reward"] == 1.0, "trajectory": t}
                  for k, t in trajs.items()]
     # the rehearsal of "wrong" showed an error (here: the unknown-id episode); the others none
