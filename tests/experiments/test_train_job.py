@@ -160,6 +160,25 @@ def test_grpo_draws_from_train_tasks_the_warm_start_did_not_imitate(tmp_path):
     assert rl_tasks(everything, pool) == pool  # nothing left over: fall back to all of them
 
 
+def test_the_warm_start_renders_its_simulator_samples_in_the_runs_simulator_context(tmp_path):
+    # The rehearse role must be SFT'd in the context it will see during RL and eval.
+    from envace.experiments.train_job import sft_tasks, train_tasks, warm_start_samples
+    from envace.policy.loading import load_model
+
+    _, tok = load_model("tiny")
+    prompts = {}
+    for context in ("call", "conversation"):
+        cfg = load_config(_cfg(tmp_path), ["sft.trajectories=2", f"prompt.simulator_context={context}"])
+        tasks = sft_tasks(cfg, train_tasks(cfg))
+        sims = [s for s in warm_start_samples(cfg, tasks, tok) if s.role == "simulator"]
+        assert sims
+        prompts[context] = [tok.decode(s.prompt_ids) for s in sims]
+        requests = [any(t.instruction in p for t in tasks) for p in prompts[context]]
+        assert all(requests) if context == "conversation" else not any(requests)
+    assert len(prompts["conversation"]) == len(prompts["call"])
+    assert all(len(a) > len(b) for a, b in zip(prompts["conversation"], prompts["call"]))
+
+
 def test_rl_pool_keeps_grpo_on_the_same_few_tasks_and_the_eval_can_run_on_them(tmp_path):
     from envace.experiments.train_job import rl_tasks, train_tasks
 
