@@ -381,8 +381,17 @@ def test_a_run_from_a_shared_warm_start_can_skip_its_start_eval(tmp_path):
     assert sorted(r["step"] for r in base.metrics() if r["phase"] == "eval") == [0, 1]
     cfg = load_config(_cfg(tmp_path), ["steps=1", "eval.at_start=false", f"sft.init_from={base.path / 'sft'}",
                                        "source=real", "out=" + str(tmp_path / "real")])
-    run = train(cfg, log=lambda *_: None)
+    lines: list[str] = []
+    run = train(cfg, log=lines.append)
     assert sorted(r["step"] for r in run.metrics() if r["phase"] == "eval") == [1]
+    assert not [x for x in lines if "other prompt settings" in x]  # the same prompts as the warm start's
+    # A warm start made with other prompts is used as asked, with a warning that names the setting.
+    lines.clear()
+    train(load_config(_cfg(tmp_path), ["steps=0", "eval.at_start=false", f"sft.init_from={base.path / 'sft'}",
+                                       "prompt.simulator_context=conversation", "out=" + str(tmp_path / "conv")]),
+          log=lines.append)
+    (warning,) = [x for x in lines if "other prompt settings" in x]
+    assert "prompt.simulator_context: call -> conversation" in warning
     from envace.core.jsonl import read_jsonl_dicts
 
     assert {r["step"] for r in read_jsonl_dicts(run.path / "evals.jsonl")} == {1}

@@ -25,6 +25,7 @@ from envace.experiments.config import TrainConfig
 from envace.experiments.metrics_log import MetricsLog
 from envace.experiments.trackers import json_config, make_trackers
 from envace.envs.registry import spec_label
+from envace.experiments.eval_models import run_config
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
 from envace.experiments.rollout_backends import rollout_backends
 from envace.experiments.models import RunModels, frozen_copy, load_frozen, load_policy, split_for_mode, with_lora
@@ -336,6 +337,16 @@ def _on_step(bar: StepProgress, threads: AdaptiveThreads | None):
     return on_step
 
 
+def prompt_mismatch(warm: Path, cfg: TrainConfig) -> str:
+    """The prompt settings in which the run that made the warm start ``warm`` differs from ``cfg``,
+    as ``field: theirs -> ours`` (empty when they agree, or when no run config is found)."""
+    theirs = (run_config(warm) or {}).get("prompt")
+    if not isinstance(theirs, dict):
+        return ""
+    ours = cfg.prompt.model_dump()
+    return ", ".join(f"prompt.{k}: {theirs[k]} -> {v}" for k, v in ours.items() if k in theirs and theirs[k] != v)
+
+
 def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: RunDir, log,
                clock: JobClock | None = None, threads: AdaptiveThreads | None = None) -> None:
     if not cfg.sft.enabled:
@@ -348,6 +359,10 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
         load_checkpoint(src, policy, restore_rng=False)
         save_checkpoint(run.path / SFT_DIR, policy, step=0, keep_last=1, tokenizer=tokenizer)
         log(f"SFT warm start loaded from {src}")
+        mismatch = prompt_mismatch(src, cfg)
+        if mismatch:
+            log(f"warning: sft.init_from: the warm start was trained with other prompt settings ({mismatch}): "
+                "its roles will see prompts unlike the ones they learnt")
         return
     pool = train_tasks(cfg)
     if not sft_possible(cfg, pool):
