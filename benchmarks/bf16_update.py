@@ -3,7 +3,7 @@ against the same update with ``mixed_precision: bf16`` (the shipped option: the 
 autocast, fp32 weights and optimiser; this CPU has AVX512-BF16), on the same samples.
 
 Usage: python benchmarks/bf16_update.py [--model smollm2] [--tasks 2] [--group-size 2]
-           [--max-turns 2] [--repeats 2] [--threads 1] [--sides fp32,bf16|bf16,bf16-base]
+           [--max-turns 2] [--repeats 2] [--threads 1] [--sides fp32,bf16|bf16,bf16-base|bf16,bf16-eager|bf16,bf16-math]
 
 Samples as in train_throughput.py (the oracle's real prompts and tool results, advantages +-1,
 sampler log-probs filled in by the fp32 model). Two copies of the model start from the same
@@ -16,11 +16,14 @@ PPO ratio is taken against its own forward.
 
 ``--sides bf16,bf16-base`` instead pairs the shipped option against the same with the frozen base
 model's linear weights stored in bf16 (LoRA only; the casts autocast makes each forward are then
-already done): the same gradient, is it faster?
+already done): the same gradient, is it faster? ``bf16,bf16-eager`` pairs it against the same with
+transformers' eager attention (a matmul and a softmax) instead of SDPA, ``bf16,bf16-math`` against
+SDPA held to its math kernel (``sdpa_kernel(SDPBackend.MATH)``) instead of the CPU flash kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 import time
@@ -73,7 +76,7 @@ def lora_pair_and_samples(args) -> tuple:
     return a, b, pad_id, scored, sum(sequence_length(s) for s in scored)
 
 
-SIDES = ("fp32,bf16", "bf16,bf16-base")  # "first,second": the copies as they are timed
+SIDES = ("fp32,bf16", "bf16,bf16-base", "bf16,bf16-eager", "bf16,bf16-math")  # "first,second": the copies as they are timed
 
 
 def store_base_bf16(model) -> int:
@@ -102,13 +105,22 @@ def main() -> None:
     print(f"log-probs   bf16 autocast vs fp32 at the start weights: max |diff| {gap_max:.4f}, mean {gap_mean:.5f}")
     if second == "bf16-base":
         print(f"base        {store_base_bf16(model_b)} frozen linear weights of the second copy stored in bf16")
+    if second == "bf16-eager":
+        model_b.get_base_model().set_attn_implementation("eager")
+        print("attention   the second copy: eager")
+    kernel = {name: contextlib.nullcontext for name in (first, second)}
+    if second == "bf16-math":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        kernel[second] = lambda: sdpa_kernel(SDPBackend.MATH)
     cfg = UpdaterConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens, pad_id=pad_id,
                         old_logprobs=args.old_logprobs)
     ups = {first: GRPOUpdater(model_a, replace(cfg, mixed_precision="no" if first == "fp32" else "bf16")),
            second: GRPOUpdater(model_b, replace(cfg, mixed_precision="bf16"))}
     grads = {}
     for name, up in ups.items():
-        up.compute_gradients(scored)
+        with kernel[name]():
+            up.compute_gradients(scored)
         grads[name] = torch.cat([p.grad.flatten() for p in up.params])
         up.optimizer.zero_grad(set_to_none=True)
     cos = float(torch.nn.functional.cosine_similarity(grads[first].double(), grads[second].double(), dim=0))
@@ -118,9 +130,10 @@ def main() -> None:
     times: dict[str, list[float]] = {first: [], second: []}
     for rep in range(args.repeats + 1):  # repeat 0 is the warm-up, not timed
         for name in ([first, second] if rep % 2 == 0 else [second, first]):
-            t = time.perf_counter()
-            ups[name].step(scored)
-            dt = time.perf_counter() - t
+            with kernel[name]():
+                t = time.perf_counter()
+                ups[name].step(scored)
+                dt = time.perf_counter() - t
             if rep:
                 times[name].append(dt)
             print(f"repeat {rep}  {name}  {dt:.1f} s = {tokens / dt:.1f} tok/s (load1 {load1():.2f})", flush=True)
