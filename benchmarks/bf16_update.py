@@ -3,7 +3,8 @@ against the same update with ``mixed_precision: bf16`` (the shipped option: the 
 autocast, fp32 weights and optimiser; this CPU has AVX512-BF16), on the same samples.
 
 Usage: python benchmarks/bf16_update.py [--model smollm2] [--tasks 2] [--group-size 2]
-           [--max-turns 2] [--repeats 2] [--threads 1] [--sides fp32,bf16|bf16,bf16-base|bf16,bf16-eager|bf16,bf16-math]
+           [--max-turns 2] [--repeats 2] [--threads 1]
+           [--sides fp32,bf16|bf16,bf16-base|bf16,bf16-eager|bf16,bf16-math]
 
 Samples as in train_throughput.py (the oracle's real prompts and tool results, advantages +-1,
 sampler log-probs filled in by the fp32 model). Two copies of the model start from the same
@@ -76,7 +77,8 @@ def lora_pair_and_samples(args) -> tuple:
     return a, b, pad_id, scored, sum(sequence_length(s) for s in scored)
 
 
-SIDES = ("fp32,bf16", "bf16,bf16-base", "bf16,bf16-eager", "bf16,bf16-math")  # "first,second": the copies as they are timed
+# "first,second": the copies as they are timed
+SIDES = ("fp32,bf16", "bf16,bf16-base", "bf16,bf16-eager", "bf16,bf16-math")
 
 
 def store_base_bf16(model) -> int:
