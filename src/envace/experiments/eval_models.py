@@ -60,7 +60,7 @@ def run_config(ckpt: Path) -> dict[str, Any] | None:
     return cfg if isinstance(cfg, dict) and "rehearse" not in cfg else None
 
 
-def _train_style(cfg: dict[str, Any] | None) -> PromptStyle | None:
+def train_style(cfg: dict[str, Any] | None) -> PromptStyle | None:
     """The prompt section of a training run's config."""
     prompt = cfg.get("prompt") if cfg else None
     if isinstance(prompt, dict):
@@ -90,7 +90,7 @@ def resolve_eval_models(spec: str) -> EvalModels:
     if path.is_file():
         return EvalModels(caller=spec, simulator=spec)
     cfg = run_config(path)
-    style = _train_style(cfg)
+    style = train_style(cfg)
     if _loadable(path):
         return EvalModels(caller=str(path), simulator=str(path), style=style, run_config=cfg,
                           notes=[f"training prompt style from the run's config.yaml: {style}"] if style else [])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from envace.experiments.config import TrainConfig
 from envace.experiments.metrics_log import MetricsLog
 from envace.experiments.trackers import json_config, make_trackers
 from envace.envs.registry import spec_label
-from envace.experiments.eval_models import run_config
+from envace.experiments.eval_models import run_config, train_style
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
 from envace.experiments.rollout_backends import rollout_backends
 from envace.experiments.models import RunModels, frozen_copy, load_frozen, load_policy, split_for_mode, with_lora
@@ -340,11 +340,12 @@ def _on_step(bar: StepProgress, threads: AdaptiveThreads | None):
 def prompt_mismatch(warm: Path, cfg: TrainConfig) -> str:
     """The prompt settings in which the run that made the warm start ``warm`` differs from ``cfg``,
     as ``field: theirs -> ours`` (empty when they agree, or when no run config is found)."""
-    theirs = (run_config(warm) or {}).get("prompt")
-    if not isinstance(theirs, dict):
+    theirs = train_style(run_config(warm))
+    if theirs is None:
         return ""
-    ours = cfg.prompt.model_dump()
-    return ", ".join(f"prompt.{k}: {theirs[k]} -> {v}" for k, v in ours.items() if k in theirs and theirs[k] != v)
+    ours = prompt_style(cfg)
+    return ", ".join(f"prompt.{f.name}: {getattr(theirs, f.name)} -> {getattr(ours, f.name)}"
+                     for f in fields(ours) if getattr(theirs, f.name) != getattr(ours, f.name))
 
 
 def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: RunDir, log,
