@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from envace.policy.sampling import SamplingParams
+from envace.core.sampling import SamplingParams
 
 
 def test_defaults_and_logprob_temperature() -> None:
@@ -25,7 +25,7 @@ def test_the_interface_modules_do_not_import_torch() -> None:
     import sys
 
     code = (
-        "import sys, envace.policy, envace.policy.sampling, envace.policy.backend;"
+        "import sys, envace.policy, envace.core.sampling, envace.policy.backend;"
         "print('torch' in sys.modules, 'transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
