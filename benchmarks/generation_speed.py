@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from envace.policy.sampling import SamplingParams
+from envace.core.sampling import SamplingParams
 from envace.policy.transformers_backend import TransformersBackend
 
 PROMPT = [

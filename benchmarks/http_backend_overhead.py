@@ -21,7 +21,7 @@ import torch
 
 from envace.policy.http_backend import HTTPBackend
 from envace.policy.http_server import OpenAIServer
-from envace.policy.sampling import SamplingParams
+from envace.core.sampling import SamplingParams
 from envace.policy.transformers_backend import TransformersBackend
 
 

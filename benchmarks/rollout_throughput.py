@@ -47,7 +47,7 @@ from _common import load1, make_parser, spread, start  # noqa: E402
 from envace.core.prompts import PromptStyle  # noqa: E402
 from envace.core.toolcall import format_tool_call, parse_tool_calls  # noqa: E402
 from envace.experiments.tasks import select_tasks  # noqa: E402
-from envace.policy.sampling import Generation, SamplingParams  # noqa: E402
+from envace.core.sampling import Generation, SamplingParams  # noqa: E402
 from envace.policy.transformers_backend import TransformersBackend, pad_rows  # noqa: E402
 from envace.rollout.actors import PolicyActor  # noqa: E402
 from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402

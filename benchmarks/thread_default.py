@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_header, spread  # noqa: E402
 
-from envace.policy.sampling import SamplingParams  # noqa: E402
+from envace.core.sampling import SamplingParams  # noqa: E402
 from envace.policy.threads import default_threads  # noqa: E402
 from envace.policy.transformers_backend import TransformersBackend  # noqa: E402
 

@@ -18,7 +18,7 @@ import time
 import torch
 
 from envace.policy.loading import load_model
-from envace.policy.sampling import SamplingParams
+from envace.core.sampling import SamplingParams
 from envace.policy.vllm_backend import VLLMBackend
 
 

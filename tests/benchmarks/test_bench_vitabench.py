@@ -7,7 +7,7 @@ import pytest
 from envace.benchmarks import vitabench as vb
 from envace.benchmarks.base import BenchEpisode
 from envace.core.types import Message
-from envace.policy.sampling import Generation
+from envace.core.sampling import Generation
 
 ADAPTER = vb.VitaBenchAdapter()
 pytestmark = pytest.mark.skipif(not ADAPTER.available()[0], reason="VitaBench task files not at <repo>/../shared/data")

@@ -18,7 +18,7 @@ from envace.core.validate import validate_call
 from envace.envs.tasks import load_tasks
 from envace.experiments.rundir import RunDir
 from envace.policy.loading import smollm2_tokenizer
-from envace.policy.sampling import Generation
+from envace.core.sampling import Generation
 from envace.rollout.actors import PolicyActor
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import ModelSource, RealSource

@@ -10,7 +10,7 @@ import copy
 import torch
 
 from envace.policy.kv_reuse import KVStore
-from envace.policy.sampling import SamplingParams
+from envace.core.sampling import SamplingParams
 from envace.policy.transformers_backend import TransformersBackend
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0)

@@ -108,7 +108,7 @@ def test_cache_write_is_atomic(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_smollm2_loads_and_answers_a_chat() -> None:
-    from envace.policy.sampling import SamplingParams
+    from envace.core.sampling import SamplingParams
     from envace.policy.transformers_backend import TransformersBackend
 
     backend = TransformersBackend.from_spec("smollm2")

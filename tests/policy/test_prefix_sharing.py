@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envace.policy.sampling import SamplingParams
+from envace.core.sampling import SamplingParams
 from envace.policy.prefixes import plan_shared_prefixes
 from envace.policy.transformers_backend import TransformersBackend
 

@@ -8,7 +8,7 @@ import torch
 
 from envace.policy.backend import GenerationBackend
 from envace.policy.loading import load_model
-from envace.policy.sampling import Generation, SamplingParams
+from envace.core.sampling import Generation, SamplingParams
 from envace.policy.transformers_backend import TransformersBackend, first_stop_end, sample_rows
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0)

@@ -21,7 +21,7 @@ from envace.policy.http_backend import (
     row_seed,
 )
 from envace.policy.http_server import OpenAIServer
-from envace.policy.sampling import Generation, SamplingParams
+from envace.core.sampling import Generation, SamplingParams
 
 FAST = {"backoff": 0.01, "max_backoff": 0.05}
 

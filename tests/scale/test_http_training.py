@@ -20,7 +20,7 @@ from envace.core.jsonl import read_jsonl_dicts
 from envace.experiments.rundir import RunDir
 from envace.policy.http_server import OpenAIServer
 from envace.policy.loading import load_model
-from envace.policy.sampling import Generation
+from envace.core.sampling import Generation
 from envace.policy.transformers_backend import TransformersBackend
 from envace.policy.vllm_backend import vllm_state_dict
 

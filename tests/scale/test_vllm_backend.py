@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from envace.policy import vllm_backend as vb
-from envace.policy.sampling import SamplingParams
+from envace.core.sampling import SamplingParams
 
 
 @dataclass
@@ -77,7 +77,7 @@ def test_output_conversion_matches_the_transformers_backend(tiny_backend, case):
     prompt = list(tok("The order o-17 was", add_special_tokens=False)["input_ids"])
     base = tiny_backend.generate([prompt], SamplingParams(max_new_tokens=10, temperature=0.0))[0]
     if case == "eos":
-        from envace.policy.sampling import Generation
+        from envace.core.sampling import Generation
 
         ids = base.token_ids[:4] + [tok.eos_token_id]
         lps = [-0.1 * (i + 1) for i in range(len(ids))]

@@ -20,7 +20,7 @@ class YesNoJudge:
         self.max_transcript_chars = max_transcript_chars
 
     def judge(self, criteria: list[str], transcript: str) -> list[bool]:
-        from envace.policy.sampling import SamplingParams
+        from envace.core.sampling import SamplingParams
 
         if not criteria:
             return []

@@ -42,7 +42,7 @@ class LLMUser:
         return chat
 
     def _generate(self, chats: list[list[dict]]) -> list[str]:
-        from envace.policy.sampling import SamplingParams
+        from envace.core.sampling import SamplingParams
 
         tok = self.backend.tokenizer
         prompts = [list(tok(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True),

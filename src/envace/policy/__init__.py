@@ -1,6 +1,6 @@
 """Generation backends: load a policy model, sample batched continuations with logprobs.
 
-``sampling`` and ``backend`` are light (no torch import); the loaders and the transformers
+``backend`` is light (no torch import; the request and result types live in ``core.sampling``); the loaders and the transformers
 backend import torch/transformers (seconds), so they are only imported when first used here.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from envace.policy.backend import GenerationBackend
-from envace.policy.sampling import FinishReason, Generation, SamplingParams
+from envace.core.sampling import FinishReason, Generation, SamplingParams
 
 if TYPE_CHECKING:
     from envace.policy.loading import ModelSpecError, load_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from envace.policy.sampling import Generation, SamplingParams
+from envace.core.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:  # importing transformers costs seconds; the interface should not
     from transformers import PreTrainedTokenizerBase

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from envace.policy.sampling import FinishReason, Generation, SamplingParams
+from envace.core.sampling import FinishReason, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from envace.policy.sampling import Generation, SamplingParams
+from envace.core.sampling import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
 

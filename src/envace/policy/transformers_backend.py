@@ -23,7 +23,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from envace.policy.kv_reuse import KVStore
 from envace.policy.prefixes import PrefixPlan, pad_rows, plan_shared_prefixes, prefix_inputs
-from envace.policy.sampling import FinishReason, Generation, SamplingParams
+from envace.core.sampling import FinishReason, Generation, SamplingParams
 
 # Mixes the run seed with a prompt's index so each prompt draws from its own stream: a row's
 # sample then does not depend on which other rows share its batch or when they finish.

@@ -7,7 +7,7 @@ without vLLM (so the CPU test-suite and ``envace`` itself never need it); constr
 What it does, and what maps to what:
 
 * Prompts go in as token ids (``TokensPrompt``), so vLLM sees exactly the ids the rollout
-  rendered. Our :class:`~envace.policy.sampling.SamplingParams` map to vLLM's
+  rendered. Our :class:`~envace.core.sampling.SamplingParams` map to vLLM's
   (:func:`vllm_sampling_kwargs`): ``max_new_tokens -> max_tokens``, temperature (0 = greedy),
   top_p, stop strings (kept in the output, as our convention wants), a per-prompt seed derived
   from ``seed`` and the prompt's index (so G copies of one prompt get G different samples), and
@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from envace.policy.sampling import FinishReason, Generation, SamplingParams
+from envace.core.sampling import FinishReason, Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch

@@ -27,7 +27,7 @@ class ModelJudge:
     max_new_tokens: int = 24
 
     def judge(self, criterion: str, task: Task, trajectory: Trajectory) -> tuple[bool, str]:
-        from envace.policy.sampling import SamplingParams  # policy sits below reward
+        from envace.core.sampling import SamplingParams  # policy sits below reward
 
         tok = self.backend.tokenizer
         chat = [

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from envace.core.prompts import PromptStyle, render_caller_prompt
 from envace.core.toolcall import CALL_CLOSE, format_tool_call
 from envace.core.types import Message, Task
-from envace.policy.sampling import SamplingParams
+from envace.core.sampling import SamplingParams
 
 
 @dataclass

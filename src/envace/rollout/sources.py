@@ -18,7 +18,7 @@ from envace.core.toolcall import RESULT_CLOSE, parse_execution_result
 from envace.core.types import EnvRef, Source, Task, ToolCall, TurnSample
 from envace.envs.provider import WorldProvider
 from envace.envs.registry import resolve_world, spec_key
-from envace.policy.sampling import SamplingParams
+from envace.core.sampling import SamplingParams
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 from envace.core.errors import error_code, is_error
 from envace.core.types import Message, Task, ToolCall, Trajectory
-from envace.policy.sampling import SamplingParams
+from envace.core.sampling import SamplingParams
 from envace.testtime.fields import field_summary
 
 MemorySourceName = Literal["none", "rule", "model"]

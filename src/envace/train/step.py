@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from envace.core.types import Role, TurnSample
-from envace.policy.sampling import logprob_temperature
+from envace.core.sampling import logprob_temperature
 from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_trajectory_turns, padding_fraction, split_micro_batches
 from envace.train.collectives import (gather_objects, launched_distributed, merge_rank_stats, num_processes,
