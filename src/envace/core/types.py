@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from envace.core.patterns import schema_patterns, unsafe_pattern
 
@@ -39,10 +39,21 @@ class ToolSpec(_Strict):
 
     type: Literal["function"] = "function"
     function: FunctionSpec
+    # MCP-style behaviour hints (readOnlyHint, destructiveHint, ...) beside "function", as MCP
+    # servers and envace's Python tool decorator give them; absent means unknown (a write).
+    annotations: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
         return self.function.name
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_annotations(self, handler: Any) -> dict[str, Any]:
+        # Absent stays absent in every dump, so prompts and files of tools without hints are unchanged.
+        out = handler(self)
+        if isinstance(out, dict) and out.get("annotations") is None:
+            out.pop("annotations", None)
+        return out
 
 
 class ToolCall(_Strict):
@@ -98,11 +109,44 @@ class EnvRef(_Strict):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
+class ReferenceCall(ToolCall):
+    """A reference call, optionally with ``result``: what the real tool answered when the solution
+    was recorded. With every call's result recorded, the warm start can replay the reference with
+    no world at all (a ``null`` result counts as not recorded)."""
+
+    result: Any = None
+
+
 class Reference(_Strict):
     """The generator's known solution: used by the scripted oracle and SFT, never shown to a policy."""
 
-    calls: list[ToolCall] = Field(default_factory=list)
+    calls: list[ReferenceCall] = Field(default_factory=list)
     answer: str = ""
+
+    @field_validator("calls", mode="before")
+    @classmethod
+    def _plain_calls(cls, calls: Any) -> Any:
+        # A generator's ToolCall objects are reference calls without recorded results.
+        if isinstance(calls, list):
+            return [c.model_dump() if isinstance(c, ToolCall) and not isinstance(c, ReferenceCall) else c
+                    for c in calls]
+        return calls
+
+    @field_validator("calls")
+    @classmethod
+    def _results_all_or_none(cls, calls: list[ReferenceCall]) -> list[ReferenceCall]:
+        # A replay needs every call's answer: one missing result leaves the next turn without context.
+        have = [c.result is not None for c in calls]
+        if any(have) and not all(have):
+            i = have.index(False)
+            raise ValueError(f"calls[{i}].result is missing while other calls carry one: record every "
+                             "call's result, or none")
+        return calls
+
+    @property
+    def recorded(self) -> bool:
+        """Every call carries its recorded result: the reference replays without a world."""
+        return bool(self.calls) and all(c.result is not None for c in self.calls)
 
 
 class Task(_Strict):

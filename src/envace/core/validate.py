@@ -7,9 +7,19 @@ import json
 from typing import Any
 
 import jsonschema
+from referencing import Registry
+from referencing.exceptions import NoSuchResource, Unresolvable
 
 from envace.core.errors import INVALID_PARAMETERS, TOOL_NOT_AVAILABLE, tool_error
 from envace.core.types import ToolCall, ToolSpec
+
+
+def _no_retrieval(uri: str) -> Any:
+    # A $ref resolves inside the schema only: jsonschema's default would fetch http(s) and file URIs.
+    raise NoSuchResource(ref=uri)
+
+
+NO_RETRIEVAL = Registry(retrieve=_no_retrieval)
 
 
 @lru_cache(maxsize=1024)
@@ -17,13 +27,16 @@ def _validator(schema_json: str) -> jsonschema.protocols.Validator:
     # Cached by schema text: the same tool schema is checked thousands of times per run.
     schema = json.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema)
-    return cls(schema)
+    return cls(schema, registry=NO_RETRIEVAL)
 
 
 def schema_error(arguments: dict[str, Any], schema: dict[str, Any]) -> str | None:
     """The first schema violation as a short message, or None when the arguments are valid."""
     v = _validator(json.dumps(schema, sort_keys=True))
-    err = jsonschema.exceptions.best_match(v.iter_errors(arguments))
+    try:
+        err = jsonschema.exceptions.best_match(v.iter_errors(arguments))
+    except Unresolvable as e:  # a $ref outside the document, or to nothing: the schema's fault, not a crash
+        return f"the tool's schema has an unresolvable $ref ({e})"
     if err is None:
         return None
     where = "/".join(str(p) for p in err.absolute_path)

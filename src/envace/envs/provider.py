@@ -9,8 +9,15 @@ tools (:mod:`envace.envs.python_tools`) and an MCP server (:mod:`envace.envs.mcp
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
+import enum
 import json
 import math
+import threading
+import uuid
+import warnings
 from concurrent.futures import Future
 from typing import Any, ClassVar, Protocol
 
@@ -53,6 +60,10 @@ class WorldProvider:
     def shutdown(self) -> None:
         """Release what the provider holds (an event loop, servers); called once per run."""
 
+    def args_ignored(self) -> str | None:
+        """Why a task's ``env.args`` would reach nothing here (None: something receives them)."""
+        return None
+
 
 class SQLiteWorlds(WorldProvider):
     """A :class:`~envace.envs.world.World` subclass: ``World(seed)`` is the fresh episode."""
@@ -68,6 +79,9 @@ class SQLiteWorlds(WorldProvider):
 
     def open(self, env: EnvRef) -> Environment:
         return self.cls(env.seed)
+
+    def args_ignored(self) -> str | None:
+        return f"{self.spec} is a SQLite World: its state comes from env.seed, and env.args reach nothing"
 
 
 def check_call(name: Any, arguments: Any, specs: dict[str, ToolSpec]) -> dict | None:
@@ -103,13 +117,119 @@ def bad_value(value: Any, depth: int = 0) -> str | None:
     return None
 
 
-def json_safe(value: Any) -> Any:
-    """A tool's return value as plain JSON: what JSON cannot hold (dates, sets, objects) becomes
-    its string form, so a user's tool returning a datetime still answers."""
-    try:
-        return json.loads(json.dumps(value, default=str, allow_nan=False, ensure_ascii=False))
-    except (TypeError, ValueError, RecursionError):
+class ToolResultWarning(UserWarning):
+    """A tool's result was changed on its way to the agent (converted by ``str()`` or truncated)."""
+
+
+# Longest result (as JSON text) an agent is shown; longer ones are cut with TRUNCATION_MARK.
+MAX_RESULT_CHARS = 8000
+TRUNCATION_MARK = "… [envace: result truncated: {shown} of {total} characters shown]"
+
+
+def to_json(value: Any, stringified: list[str] | None = None, depth: int = 0) -> Any:
+    """A tool's return value as plain JSON, the same text in every process: sets sorted,
+    dataclasses and pydantic models as dicts, tuples as lists, dates as ISO 8601, enums by value,
+    non-finite floats as null. Anything else becomes ``str(value)``; its type name is appended to
+    ``stringified`` so the caller can warn."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth > 64:
+        return _stringified(value, stringified)
+    d = depth + 1
+    if isinstance(value, dict):
+        return {(k if isinstance(k, str) else _key(k, stringified)): to_json(v, stringified, d)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v, stringified, d) for v in value]
+    if isinstance(value, (set, frozenset)):
+        items = [to_json(v, stringified, d) for v in value]
+        return sorted(items, key=lambda x: json.dumps(x, sort_keys=True, ensure_ascii=False))
+    if isinstance(value, enum.Enum):
+        return to_json(value.value, stringified, d)
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return str(value) if not value.is_finite() else (int(value) if value == value.to_integral_value()
+                                                            and abs(value) < 2 ** 53 else float(value))
+    if isinstance(value, uuid.UUID):
         return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_json({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, stringified, d)
+    dump = getattr(value, "model_dump", None)  # a pydantic model
+    if callable(dump) and not isinstance(value, type):
+        try:
+            return to_json(dump(mode="json"), stringified, d)
+        except Exception:  # noqa: BLE001 - a model that cannot dump itself is stringified below
+            pass
+    return _stringified(value, stringified)
+
+
+def _key(key: Any, stringified: list[str] | None) -> str:
+    if isinstance(key, (bool, int, float)) or key is None:
+        return json.dumps(key)  # as json.dumps would write the key
+    converted = to_json(key, stringified)
+    return converted if isinstance(converted, str) else json.dumps(converted, sort_keys=True, ensure_ascii=False)
+
+
+def _stringified(value: Any, stringified: list[str] | None) -> str:
+    if stringified is not None:
+        stringified.append(type(value).__name__)
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - a __str__ that raises: still an answer
+        return f"<{type(value).__name__}>"
+
+
+def json_safe(value: Any) -> Any:
+    """:func:`to_json` without the report of what was stringified."""
+    return to_json(value)
+
+
+def cap_result(value: Any, max_chars: int = MAX_RESULT_CHARS) -> tuple[Any, int | None]:
+    """(value, None) when its JSON text fits ``max_chars``; else (the text cut to ``max_chars``
+    with a marker saying so, the original length)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if len(text) <= max_chars:
+        return value, None
+    return text[:max_chars] + TRUNCATION_MARK.format(shown=max_chars, total=len(text)), len(text)
+
+
+class ResultPolicy:
+    """Turns one provider's raw tool results into what the agent sees (JSON, capped), warning once
+    per tool about a conversion by ``str()`` and about truncation, with advice that applies."""
+
+    def __init__(self, label: str, max_result_chars: int = MAX_RESULT_CHARS, setting: str = "max_result_chars") -> None:
+        self.label, self.max_result_chars, self.setting = label, max_result_chars, setting
+        self._warned: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def _once(self, tool: str, what: str) -> bool:
+        with self._lock:
+            if (tool, what) in self._warned:
+                return False
+            self._warned.add((tool, what))
+            return True
+
+    def apply(self, tool: str, raw: Any, limit: int | None = None) -> Any:
+        converted: list[str] = []
+        value = to_json(raw, converted)
+        if converted and self._once(tool, "str"):
+            warnings.warn(f"{self.label}: tool {tool!r} returned {', '.join(sorted(set(converted)))} values, which JSON "
+                          "cannot hold; envace sent their str() text. Return JSON types (dict, list, str, "
+                          "int, float, bool, None; sets, tuples, dataclasses, pydantic models and dates are "
+                          "converted for you)", ToolResultWarning, stacklevel=2)
+        limit = self.max_result_chars if limit is None else limit
+        value, total = cap_result(value, limit)
+        if total is not None and self._once(tool, "cap"):
+            warnings.warn(f"{self.label}: tool {tool!r} returned {total} characters; the agent sees the first "
+                          f"{limit} and a truncation mark. Make the tool return less (a page, a limit "
+                          f"argument, only the fields asked for), or raise {self.setting} if the agent "
+                          "really needs it all", ToolResultWarning, stacklevel=2)
+        return value
 
 
 def recorded(name: Any, arguments: Any) -> ToolCall:
