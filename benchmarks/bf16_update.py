@@ -42,7 +42,7 @@ from envace.core.prompts import PromptStyle  # noqa: E402
 from envace.experiments.tasks import select_tasks  # noqa: E402
 from envace.policy.loading import load_model  # noqa: E402
 from envace.train.batching import pack_samples, sequence_length, split_micro_batches  # noqa: E402
-from envace.train.grpo_loss import autocast, token_logprobs  # noqa: E402
+from envace.train.forward import autocast, token_logprobs  # noqa: E402
 from envace.train.step import GRPOUpdater, UpdaterConfig  # noqa: E402
 
 

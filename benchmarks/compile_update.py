@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import load1, make_parser, peak_rss_mib, spread, start  # noqa: E402
 from bf16_update import lora_pair_and_samples  # noqa: E402
 
-from envace.train.grpo_loss import decoder_and_head  # noqa: E402
+from envace.train.forward import decoder_and_head  # noqa: E402
 from envace.train.step import GRPOUpdater, UpdaterConfig  # noqa: E402
 
 UNTIMED = 2  # compilation, then the recompiles for shapes the first round did not have

@@ -27,7 +27,7 @@ from envace.envs.tasks import load_tasks
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import load_model, scratch_llama, smollm2_tokenizer
 from envace.train.copy_warmup import copy_warmup, data_vocabulary
-from envace.train.grpo_loss import decoder_and_head
+from envace.train.forward import decoder_and_head
 
 WORLDS = ("shop", "calendar", "bank")
 

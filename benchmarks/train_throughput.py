@@ -49,7 +49,7 @@ from envace.experiments.tasks import select_tasks  # noqa: E402
 from envace.policy.loading import load_model  # noqa: E402
 from envace.train.advantages import ScoredSample  # noqa: E402
 from envace.train.batching import pack_samples, padding_fraction, sequence_length, split_micro_batches  # noqa: E402
-from envace.train.grpo_loss import recompute_logprobs, token_logprobs  # noqa: E402
+from envace.train.forward import recompute_logprobs, token_logprobs  # noqa: E402
 from envace.train.step import GRPOUpdater, UpdaterConfig  # noqa: E402
 
 try:  # caller-turn merging (newer trees); older ones train turn by turn

@@ -18,7 +18,7 @@ from envace.envs.registry import make_world
 from envace.envs.tasks import load_tasks
 from envace.reward.checklist import judge_trajectory
 from envace.train.advantages import ScoredSample
-from envace.train.grpo_loss import grpo_loss
+from envace.train.forward import batch_loss
 
 
 def _grad_norm(model: torch.nn.Module) -> float:
@@ -31,7 +31,7 @@ def test_a_negative_advantage_token_below_one_minus_clip_is_clipped(tiny_model):
     # clipped branch binds: the loss is -A (1 - clip) per token and no gradient flows.
     raised = s.model_copy(update={"logprobs": [lp + 2.0 for lp in s.logprobs]})
     tiny_model.zero_grad()
-    loss, stats = grpo_loss(tiny_model, [ScoredSample(raised, -1.0, 0.0)], clip=0.2)
+    loss, stats = batch_loss(tiny_model, [ScoredSample(raised, -1.0, 0.0)], clip=0.2)
     loss.backward()
     assert loss.item() == pytest.approx(0.8, abs=1e-5)
     assert stats["clip_frac"] == 1.0
@@ -42,12 +42,12 @@ def test_clip_high_widens_only_the_upper_bound(tiny_model):
     s = make_sample(tiny_model, "caller", [1, 2, 3], [4, 5, 6])
     lowered = s.model_copy(update={"logprobs": [lp - 0.3 for lp in s.logprobs]})  # ratio e^0.3 = 1.35
     tiny_model.zero_grad()
-    loss, stats = grpo_loss(tiny_model, [ScoredSample(lowered, 1.0, 1.0)], clip=0.2, clip_high=0.5)
+    loss, stats = batch_loss(tiny_model, [ScoredSample(lowered, 1.0, 1.0)], clip=0.2, clip_high=0.5)
     loss.backward()
     assert loss.item() == pytest.approx(-math.exp(0.3), abs=1e-4)  # inside 1 + 0.5: not clipped
     assert stats["clip_frac"] == 0.0 and _grad_norm(tiny_model) > 0
     tiny_model.zero_grad()
-    loss, stats = grpo_loss(tiny_model, [ScoredSample(lowered, 1.0, 1.0)], clip=0.2)
+    loss, stats = batch_loss(tiny_model, [ScoredSample(lowered, 1.0, 1.0)], clip=0.2)
     assert loss.item() == pytest.approx(-1.2, abs=1e-5) and stats["clip_frac"] == 1.0
 
 

@@ -16,7 +16,7 @@ from envace.train.advantages import ScoredSample
 from envace.train.batching import pack_samples
 from envace.train.step import GRPOUpdater, UpdaterConfig
 
-grpo_loss_module = importlib.import_module("envace.train.grpo_loss")  # the package re-exports the function
+grpo_loss_module = importlib.import_module("envace.train.forward")  # the module, not a re-exported name
 
 
 def grouped_batch(model, seed: int = 0, group: int = 3) -> list[ScoredSample]:

@@ -12,7 +12,7 @@ from train_helpers import VOCAB, make_sample, make_tiny_model, random_scored_bat
 
 from envace.train.advantages import ScoredSample
 from envace.train.batching import padding_fraction, sequence_length, split_micro_batches
-from envace.train.grpo_loss import grpo_loss
+from envace.train.forward import batch_loss
 from envace.train.modes import MODE_NAMES, ModeSpec
 from envace.train.step import GRPOUpdater, UpdaterConfig, update_for_mode, updaters_for_mode
 
@@ -28,10 +28,10 @@ def _changed(before: dict[str, torch.Tensor], model: torch.nn.Module) -> set[str
 def test_one_update_lowers_loss_on_its_batch(tiny_model):
     batch = random_scored_batch(tiny_model, 8, seed=10)
     with torch.no_grad():
-        before, _ = grpo_loss(tiny_model, batch)
+        before, _ = batch_loss(tiny_model, batch)
     stats = GRPOUpdater(tiny_model, UpdaterConfig(lr=1e-3)).step(batch)
     with torch.no_grad():
-        after, _ = grpo_loss(tiny_model, batch)
+        after, _ = batch_loss(tiny_model, batch)
     assert after.item() < before.item() - 1e-4
     assert stats["optimizer_steps"] == 1 and stats["grad_norm"] > 0
 
@@ -164,7 +164,7 @@ def test_lora_model_trains_only_its_adapter(tiny_model):
     changed = _changed(before, lora)
     assert changed and all("lora_" in n for n in changed)
     with torch.no_grad():
-        after, _ = grpo_loss(lora, batch)
+        after, _ = batch_loss(lora, batch)
     assert after.item() < stats["loss"]
 
 
@@ -188,11 +188,11 @@ def test_plain_module_trains():
     model = _PlainLM()
     batch = random_scored_batch(model, 6, seed=19)
     with torch.no_grad():
-        before, stats = grpo_loss(model, batch)
+        before, stats = batch_loss(model, batch)
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     GRPOUpdater(model, UpdaterConfig(lr=1e-2)).step(batch)
     with torch.no_grad():
-        after, _ = grpo_loss(model, batch)
+        after, _ = batch_loss(model, batch)
     assert after.item() < before.item()
 
 
@@ -204,8 +204,8 @@ def test_plain_module_scores_each_role_at_its_temperature():
                                       temperature=temps[role]), 0.5, 1.0)
              for i, role in enumerate(["caller", "simulator", "simulator"])]
     with torch.no_grad():
-        _, right = grpo_loss(model, batch, temperature=temps)
-        _, shared = grpo_loss(model, batch, temperature=1.0)
+        _, right = batch_loss(model, batch, temperature=temps)
+        _, shared = batch_loss(model, batch, temperature=1.0)
     assert right["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert shared["ratio_max"] > 1.0 + 1e-3
 
@@ -263,7 +263,7 @@ def _shifted(batch: list[ScoredSample], by: float) -> list[ScoredSample]:
 def test_old_logprobs_from_the_updates_own_forward_equal_a_recompute_first():
     """old_logprobs='current' (one forward) gives the gradient of recomputing the sampler's
     log-probs with the trainer first (two forwards), and reports the sampler's gap."""
-    from envace.train.grpo_loss import recompute_logprobs
+    from envace.train.forward import recompute_logprobs
 
     model = make_tiny_model(5)
     off = _shifted(random_scored_batch(model, 8, seed=21), 0.3)
@@ -316,7 +316,7 @@ def test_gradient_checkpointing_gives_the_same_gradient_without_prefix_sharing()
 def test_bf16_mixed_precision_runs_the_forward_in_bf16_and_keeps_fp32_weights():
     """mixed_precision='bf16': the loss's forward runs in bf16 (its log-probs move off fp32's, a
     little), the gradient points where fp32's does, and weights, gradients and Adam state stay fp32."""
-    from envace.train.grpo_loss import autocast, token_logprobs
+    from envace.train.forward import autocast, token_logprobs
     from envace.train.batching import pack_samples
 
     batch = random_scored_batch(make_tiny_model(7), 8, seed=3)
@@ -356,7 +356,7 @@ def _anchor(model, n: int = 5, seed: int = 40) -> list:
 
 def test_the_anchor_adds_its_weighted_mean_nll_to_the_policy_gradient():
     """grad(GRPO + c * anchor NLL) = grad(GRPO) + c * grad(NLL), however the anchor is split."""
-    from envace.train.grpo_loss import sft_loss
+    from envace.train.forward import sft_loss
 
     model = make_tiny_model(7)
     batch = random_scored_batch(model, 6, seed=41)
@@ -382,7 +382,7 @@ def test_the_anchor_adds_its_weighted_mean_nll_to_the_policy_gradient():
 def test_the_anchor_alone_steps_towards_its_samples_and_only_for_trained_roles():
     """A batch without GRPO signal still steps on the anchor (its NLL falls); a role with weight 0
     takes none of it."""
-    from envace.train.grpo_loss import sft_loss
+    from envace.train.forward import sft_loss
 
     model = make_tiny_model(8)
     flat = [type(s)(s.sample, 0.0, 1.0) for s in random_scored_batch(model, 4, seed=42)]

@@ -50,7 +50,7 @@ from envace.testtime.rehearsal import episodes_with_memory
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
 from envace.train.copy_warmup import copy_warmup, data_vocabulary
-from envace.train.grpo_loss import recompute_logprobs
+from envace.train.forward import recompute_logprobs
 from envace.train.sft import oracle_sft_samples, run_sft, target_turn_lengths
 from envace.train import distributed as dist
 from envace.train.advantages import ScoredSample, groups_with_signal
@@ -421,7 +421,7 @@ class TrainState:
 
 def _recompute_logprobs(cfg: TrainConfig, spec: Any, updaters: dict, tok: Any, scored: list) -> float:
     """The rollout log-probs of the samples each update will run (``GRPOUpdater.forwarded``),
-    scored again by the model it trains (see grpo_loss.recompute_logprobs); the largest gap."""
+    scored again by the model it trains (see forward.recompute_logprobs); the largest gap."""
     temps = _updater_config(cfg, tok).role_temperatures()
     gap = 0.0
     for key, samples in spec.split_by_model(scored).items():

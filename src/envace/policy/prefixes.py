@@ -1,6 +1,6 @@
 """Shared prompt prefixes: plan which rows of a batch share a prefix, and build the two forwards
 (prefix once, then each row's own tokens on its key/value cache). Used by generation (the
-transformers backend's two-phase prefill) and by the loss (``train.grpo_loss``: a micro-batch's
+transformers backend's two-phase prefill) and by the loss (``train.forward``: a micro-batch's
 shared prompt runs once)."""
 
 from __future__ import annotations

@@ -11,19 +11,22 @@ from envace.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from envace.train.grpo_loss import grpo_loss, merge_loss_stats, role_normalizers, token_logprobs
+from envace.train.forward import batch_loss, token_logprobs
+from envace.train.grpo_loss import LossConfig, grpo_loss, merge_loss_stats, role_normalizers
 from envace.train.modes import MODE_NAMES, ModeSpec
 from envace.train.step import GRPOUpdater, UpdaterConfig, update_for_mode, updaters_for_mode
 
 __all__ = [
     "MODE_NAMES",
     "GRPOUpdater",
+    "LossConfig",
     "LoadedCheckpoint",
     "ModeSpec",
     "PackedBatch",
     "ScoredSample",
     "UpdaterConfig",
     "advantage_stats",
+    "batch_loss",
     "capture_rng_state",
     "compute_advantages",
     "find_latest",

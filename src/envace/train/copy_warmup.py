@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from envace.train.grpo_loss import decoder_and_head, model_device
+from envace.train.forward import decoder_and_head, model_device
 
 
 @dataclass

@@ -44,7 +44,7 @@ from envace.core.types import Role, Trajectory
 from envace.train.advantages import ScoredSample, advantage_stats, compute_advantages, is_empty_generation
 from envace.train.collectives import (  # noqa: F401 - re-exported: the job reads them from here
     gather_objects, is_main_process, launched_distributed, merge_rank_stats, num_processes, process_index)
-from envace.train.grpo_loss import decoder_and_head
+from envace.train.forward import decoder_and_head
 from envace.train.step import GRPOUpdater
 
 T = TypeVar("T")
@@ -117,7 +117,7 @@ class _HiddenStates(nn.Module):
 
 
 class _DDPScorer(nn.Module):
-    """What grpo_loss sees under DDP: ``get_decoder()`` runs the DDP-wrapped decoder (one DDP
+    """What the forward (train/forward.py) sees under DDP: ``get_decoder()`` runs the DDP-wrapped decoder (one DDP
     forward per micro-batch, as DDP needs), ``get_output_embeddings()`` the head under
     accelerate's autocast (the decoder's output is in the mixed-precision dtype)."""
 
@@ -140,7 +140,7 @@ class _DDPScorer(nn.Module):
 
         return run
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:  # not used by grpo_loss; kept usable
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # not used by the forward; kept usable
         return self._lm[0](*args, **kwargs)
 
 
@@ -166,7 +166,7 @@ class _DDPDecoder:
 
 
 class _ForwardOnly(nn.Module):
-    """What grpo_loss sees under FSDP / DeepSpeed: only the wrapper's own forward (full logits
+    """What the forward sees under FSDP / DeepSpeed: only the wrapper's own forward (full logits
     of the score window), which is where those engines gather and release their shards. It has
     no decoder, so the loss never runs a shared prompt prefix separately: one forward per
     micro-batch on every rank, as the shards' all-gathers need."""

@@ -27,7 +27,7 @@ from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import RealSource, dump_result
 from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_turns, split_micro_batches
-from envace.train.grpo_loss import MixedPrecision, autocast, sft_loss
+from envace.train.forward import MixedPrecision, autocast, sft_loss
 from envace.train.step import trainable_parameters
 
 
@@ -140,7 +140,7 @@ def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr
             mixed_precision: MixedPrecision = "no") -> SFTStats:
     """Plain AdamW fine-tuning over shuffled batches of ``batch_samples``, accumulated over
     micro-batches that fit ``micro_batch_tokens``; learning rate per ``lr_factor``; the forward
-    under ``mixed_precision`` (grpo_loss.autocast)."""
+    under ``mixed_precision`` (forward.autocast)."""
     if not samples:
         raise ValueError("run_sft: no samples")
     params = trainable_parameters(model)

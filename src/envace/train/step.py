@@ -20,8 +20,8 @@ from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_trajectory_turns, padding_fraction, split_micro_batches
 from envace.train.collectives import (gather_objects, launched_distributed, merge_rank_stats, num_processes,
                                       reduce_max, reduce_sum, set_sync)
-from envace.train.grpo_loss import (ROLES, LossAgg, MixedPrecision, OldLogprobs, autocast, grpo_loss,
-                                    merge_loss_stats, role_normalizers, sft_loss)
+from envace.train.forward import MixedPrecision, autocast, batch_loss, sft_loss
+from envace.train.grpo_loss import ROLES, LossAgg, OldLogprobs, merge_loss_stats, role_normalizers
 from envace.train.modes import ModeSpec
 
 
@@ -53,7 +53,7 @@ class UpdaterConfig:
     skip_zero_advantage: bool = True
     # token_mean only: a trajectory's caller turns run as one sequence where prompts allow.
     merge_turns: bool = True
-    # Run a micro-batch's shared prompt prefixes once (same result; grpo_loss._decoder_hidden).
+    # Run a micro-batch's shared prompt prefixes once (same result; forward._decoder_hidden).
     share_prefixes: bool = True
     # "current": the PPO ratio's denominator is the update's own forward (detached), i.e. the
     # trainer's log-probs at the step's weights: what a separate recompute pass would give, for
@@ -62,7 +62,7 @@ class UpdaterConfig:
     # Layer activations recomputed in the backward (transformers models): memory for compute. The
     # layers then drop a key/value cache, so shared prefixes cannot run once: share_prefixes is off.
     gradient_checkpointing: bool = False
-    # The forward's compute dtype (grpo_loss.autocast); the backward follows it.
+    # The forward's compute dtype (forward.autocast); the backward follows it.
     mixed_precision: MixedPrecision = "no"
 
     @classmethod
@@ -74,7 +74,7 @@ class UpdaterConfig:
         return cls(**{k: getattr(section, k) for k in fields if k in names}, **extra)
 
     def loss_settings(self) -> dict[str, Any]:
-        """The loss's own settings (``grpo_loss`` keyword arguments), read from this one object."""
+        """The loss's own settings (``forward.batch_loss`` keyword arguments), read from this one object."""
         return dict(clip=self.clip, clip_high=self.clip_high, agg=self.agg, kl_coef=self.kl_coef,
                     caller_weight=self.caller_weight, simulator_weight=self.simulator_weight,
                     temperature=self.role_temperatures(), pad_id=self.pad_id, with_entropy=self.with_entropy,
@@ -85,7 +85,7 @@ class UpdaterConfig:
         return {"caller": self.caller_weight, "simulator": self.simulator_weight}
 
     def role_temperatures(self) -> float | dict[Role, float]:
-        """What grpo_loss scales logits by: the sampler's log-prob temperature of each role
+        """What the forward scales logits by: the sampler's log-prob temperature of each role
         (1 for a greedy role: greedy turns store log-probs at temperature 1)."""
         sim = self.temperature if self.simulator_temperature is None else self.simulator_temperature
         caller, sim = logprob_temperature(self.temperature), logprob_temperature(sim)
@@ -256,7 +256,7 @@ class GRPOUpdater:
             mb = micro[i] if real else [_padding_sample(cfg.pad_id, pad_role)]
             with self._sync(last=i == last_pass):
                 with autocast(self.model, cfg.mixed_precision):
-                    loss, stats = grpo_loss(self.scorer, mb, ref_model=self.ref_model, normalizers=normalizers,
+                    loss, stats = batch_loss(self.scorer, mb, ref_model=self.ref_model, normalizers=normalizers,
                                             **cfg.loss_settings())
                 loss = loss if real else loss * 0.0
                 if acc is not None:
