@@ -1,5 +1,5 @@
 """Training with rollouts on a serving engine (``rollout.backend: http``) against ``envace serve``
-started here on 127.0.0.1, and that server checked with the official ``openai`` client.
+started here on 127.0.0.1, and that server checked with the official ``openai`` client (streaming included).
 
 A 2-step run through HTTP is compared with the same run generating in process: the server gets
 the trainer's warm-started weights before the first rollout and the updated ones after every step,
@@ -138,8 +138,12 @@ def test_the_official_openai_client_gets_n_choices_and_parsed_tool_calls(tiny_ba
             call = choice.message.tool_calls[0]
             assert call.function.name == "get_order"
             assert json.loads(call.function.arguments) == {"order_id": f"o-{i}"}
-        with pytest.raises(openai.BadRequestError, match="stream"):
-            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True)
+        streamed = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                       tools=tools, stream=True))
+        calls = [tc for c in streamed for ch in c.choices for tc in (ch.delta.tool_calls or [])]
+        assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [
+            ("get_order", {"order_id": "o-0"})]
+        assert streamed[-1].choices[0].finish_reason == "tool_calls"
     with OpenAIServer(tiny_backend, model_name="tiny") as server:  # a real model: n sampled rows
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
         out = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, n=2, seed=1, logprobs=1)

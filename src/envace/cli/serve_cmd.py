@@ -4,7 +4,9 @@ simulator), e.g. ``envace serve --model smollm2 --port 8000``."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,20 +23,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-weight-updates", action="store_true",
                    help="accept POST /v1/load_weights (a training run with rollout.backend: http pushes its "
                         "updated weights there after every step)")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="generation requests that may wait or run at once; past that the answer is 503 with "
+                        "Retry-After (default 256)")
+    p.add_argument("--quiet", action="store_true", help="no request log (one line per request on stderr)")
     p.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from envace.policy.http_server import serve
+    try:
+        from envace.policy.http_server import serve
+    except ImportError as err:
+        raise ValueError(f"envace serve needs starlette and uvicorn ({err}): pip install 'envace[serve]'") from None
 
+    if not args.quiet:  # the request log: method, path, status, milliseconds
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        request_log = logging.getLogger("envace.serve")
+        request_log.addHandler(handler)
+        request_log.setLevel(logging.INFO)
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
     server = serve(args.model, host=args.host, port=args.port, name=args.name, device=args.device,
-                   max_batch=args.max_batch, api_key=api_key, allow_weight_updates=args.allow_weight_updates)
+                   max_batch=args.max_batch, api_key=api_key, allow_weight_updates=args.allow_weight_updates,
+                   max_queue=args.max_queue)
     print(f"serving {args.model!r} as {server.model_name!r} at {server.url} "
-          f"(POST /completions, /chat/completions; GET /models); Ctrl-C stops", flush=True)
+          f"(POST /completions, /chat/completions, stream too; GET /models); Ctrl-C stops", flush=True)
     server.serve_forever()
     return 0

@@ -15,30 +15,29 @@ Two entry points:
 * :meth:`HTTPBackend.chat` is ``/v1/chat/completions`` with optional tools: for an LLM judge, a
   user simulator or an external tool simulator that needs no token-level view.
 
-Networking is the standard library only (urllib): a per-request timeout; retries with
-exponential backoff and jitter on connection errors, timeouts, 429 and 5xx (never on other 4xx);
-a concurrency limit shared by every call of one backend (a batch fans out over a thread pool);
-an API key from an environment variable; and errors that name the URL.
+Networking is httpx2 (one pooled client per backend): a per-request timeout that also bounds a
+server trickling its answer; retries with exponential backoff and jitter on connection errors,
+timeouts, 429 and 5xx (never on other 4xx), honouring ``Retry-After``; a concurrency limit shared by
+every call of one backend (a batch fans out over a thread pool); an API key from an environment
+variable; and errors that name the URL.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import math
 import os
 import random
-import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx2
 
 from envace.core.sampling import FinishReason, Generation, SamplingParams
 
@@ -162,6 +161,10 @@ class HTTPBackend:
         self.extra_body = dict(extra_body or {})
         self.headers = dict(headers or {})
         self._slots = threading.BoundedSemaphore(self.max_concurrency)
+        auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._client = httpx2.Client(
+            timeout=self.timeout, headers={"Accept": "application/json", **auth, **self.headers},
+            limits=httpx2.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency))
         self._model_lock = threading.Lock()
         self._warned_alignment = False
 
@@ -321,77 +324,68 @@ class HTTPBackend:
         """One JSON POST to ``base_url + path`` (e.g. ``/load_weights``), with the client's retries."""
         return self._request("POST", path, body)
 
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "HTTPBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         url = self.base_url + path
-        data = None if body is None else json.dumps(body).encode("utf-8")
-        headers = {"Accept": "application/json", **self.headers}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        attempts = self.max_retries + 1
-        started = time.monotonic()
-        last: tuple[str, str, int | None, str] = ("", "", None, "")  # kind, detail, status, body
+        attempts, started = self.max_retries + 1, time.monotonic()
+        kind, detail, status, text = "", "", None, ""
         for attempt in range(attempts):
-            delay: float | None = None
+            retry_after = None
             with self._slots:
                 try:
-                    request = urllib.request.Request(url, data=data, headers=headers, method=method)
-                    with urllib.request.urlopen(request, timeout=self.timeout) as resp:
-                        raw = _read_by(resp, time.monotonic() + self.timeout)
-                    try:
-                        return json.loads(raw.decode("utf-8"))
-                    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                        raise HTTPBackendError(f"{url} answered with invalid JSON ({err})", url,
-                                               body=raw[:500].decode("utf-8", "replace")) from None
-                except urllib.error.HTTPError as err:
-                    text = _read_error_body(err)
-                    if err.code != 429 and err.code < 500:
-                        raise HTTPBackendError(f"{method} {url} failed with HTTP {err.code}: {text}", url,
-                                               status=err.code, body=text) from None
-                    last = ("status", f"HTTP {err.code}: {text}", err.code, text)
-                    delay = _retry_after(err)
-                except urllib.error.URLError as err:
-                    reason = err.reason
-                    kind = "timeout" if isinstance(reason, (TimeoutError, socket.timeout)) else "connect"
-                    last = (kind, str(reason), None, "")
-                except (TimeoutError, socket.timeout) as err:
-                    last = ("timeout", str(err) or "timed out", None, "")
-                except (ConnectionError, http.client.HTTPException, OSError) as err:
-                    last = ("connect", f"{type(err).__name__}: {err}", None, "")
+                    status, raw, headers = self._send(method, url, body)
+                except (httpx2.TimeoutException, TimeoutError) as err:
+                    kind, detail, status = "timeout", str(err) or "timed out", None
+                except httpx2.TransportError as err:
+                    kind, detail, status = "connect", f"{type(err).__name__}: {err}", None
+                else:
+                    if status < 400:
+                        try:
+                            return json.loads(raw.decode("utf-8"))
+                        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                            raise HTTPBackendError(f"{url} answered with invalid JSON ({err})", url,
+                                                   body=raw[:500].decode("utf-8", "replace")) from None
+                    text = _error_text(raw)
+                    if status != 429 and status < 500:
+                        raise HTTPBackendError(f"{method} {url} failed with HTTP {status}: {text}", url,
+                                               status=status, body=text)
+                    kind, detail = "status", f"HTTP {status}: {text}"
+                    retry_after = _seconds(headers.get("retry-after"))
             if attempt + 1 < attempts:
                 pause = self.backoff * (2 ** attempt) * random.uniform(0.75, 1.25)
-                if delay is not None:
-                    pause = max(pause, delay)
-                time.sleep(min(pause, self.max_backoff))
-        kind, detail, status, text = last
-        spent = time.monotonic() - started
-        tries = f"{attempts} attempt{'s' if attempts != 1 else ''} over {spent:.1f} s"
+                time.sleep(min(max(pause, retry_after or 0.0), self.max_backoff))
+        tries = f"{attempts} attempt{'s' if attempts != 1 else ''} over {time.monotonic() - started:.1f} s"
         if kind == "timeout":
-            raise ServerTimeoutError(
-                f"{method} {url}: no answer within the {self.timeout:g} s timeout ({tries}); "
-                f"raise timeout=... or check the server's load", url)
+            raise ServerTimeoutError(f"{method} {url}: no answer within the {self.timeout:g} s timeout ({tries}); "
+                                     "raise timeout=... or check the server's load", url)
         if kind == "connect":
             raise ServerUnavailableError(
                 f"cannot reach the server at {url} ({detail}; {tries}). Is it running? Start one with "
                 f"`envace serve --model SPEC --port PORT` or `vllm serve MODEL`, or fix base_url.", url)
         raise HTTPBackendError(f"{method} {url} kept failing with {detail} ({tries})", url, status=status, body=text)
 
+    def _send(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, bytes, httpx2.Headers]:
+        """One exchange. The whole answer must arrive within ``timeout``: httpx2's read timeout
+        bounds one read, so a server trickling bytes could otherwise hold a request far longer."""
+        deadline = time.monotonic() + self.timeout
+        with self._client.stream(method, url, json=body) as resp:
+            chunks = []
+            for chunk in resp.iter_bytes():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the response did not arrive within the timeout")
+                chunks.append(chunk)
+            return resp.status_code, b"".join(chunks), resp.headers
+
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def _read_by(resp: Any, deadline: float) -> bytes:
-    """The whole body, or TimeoutError past ``deadline``: the socket timeout bounds one read, so a
-    server trickling bytes could otherwise hold a request far past ``timeout``."""
-    chunks = []
-    while True:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the response did not arrive within the timeout")
-        chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
 
 
 def chat_result(response: dict[str, Any], url: str = "") -> ChatResult:
@@ -459,23 +453,19 @@ def _plain_message(m: Any) -> Any:
     return m.model_dump(mode="json", exclude_none=True) if hasattr(m, "model_dump") else m
 
 
-def _read_error_body(err: urllib.error.HTTPError) -> str:
-    try:
-        raw = err.read()
-    except Exception:  # noqa: BLE001 - the body is only for the message
-        return ""
+def _error_text(raw: bytes) -> str:
+    """An error answer's message (OpenAI's ``error.message`` when it has one)."""
     text = raw[:1000].decode("utf-8", "replace")
     try:
         obj = json.loads(text)
-        if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
-            return str(obj["error"].get("message") or text)
     except json.JSONDecodeError:
-        pass
+        return text.strip()
+    if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
+        return str(obj["error"].get("message") or text)
     return text.strip()
 
 
-def _retry_after(err: urllib.error.HTTPError) -> float | None:
-    value = err.headers.get("Retry-After") if err.headers is not None else None
+def _seconds(value: str | None) -> float | None:
     try:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:

@@ -1,31 +1,56 @@
-"""A small OpenAI-compatible server around any GenerationBackend (``envace serve``).
+"""An OpenAI-compatible server around any GenerationBackend (``envace serve``), on starlette + uvicorn.
 
-Serves ``GET /v1/models``, ``GET /health``, ``POST /v1/completions`` (text or token-id prompts,
+Routes: ``GET /v1/models``, ``GET /health``, ``POST /v1/completions`` (text or token-id prompts,
 per-token logprobs, vLLM's ``return_tokens_as_token_ids`` / ``include_stop_str_in_output`` /
-``stop_reason``) and ``POST /v1/chat/completions`` (the tokenizer's chat template; ``tools``
-rendered natively when the template takes them, else as a Hermes-style system note, and
-``<tool_call>`` output returned as OpenAI ``tool_calls``).
+``stop_reason``), ``POST /v1/chat/completions`` (the tokenizer's chat template; ``tools`` rendered
+natively when the template takes them, else as a Hermes-style system note; ``<tool_call>`` output
+returned as OpenAI ``tool_calls``; ``tool_choice``; ``logprobs``), both with ``n`` and
+``stream: true`` (server-sent events), and ``POST /v1/load_weights`` (a trainer's weight push).
+
+A field the server does not implement is refused with a 400 that names it, in OpenAI's error
+shape, never silently ignored; an unknown ``model`` is a 404. Generation is serialised: one worker
+thread runs every backend call (and every weight load), so the weights never see two generations
+at once; requests wait in its queue, and past ``max_queue`` waiting requests the answer is 503 with
+``Retry-After``. A stream is sent once its generation is done (the backend generates whole
+batches): the protocol is OpenAI's, the first token just comes with the last. Every request is
+logged on one line (``envace.serve``: method, path, status, milliseconds).
 
 It exists so that a CPU model can act as a judge, user simulator or external simulator for
-another process, and so that the HTTP backend is tested against a real server. It is the
-standard library's ThreadingHTTPServer: requests are served concurrently, generation is
-serialised (one backend call at a time; a request with a list of prompts is one batched call).
-For throughput on GPUs, serve the model with vLLM or SGLang instead: same API.
+another process, and so that the HTTP backend is tested against a real server. For throughput on
+GPUs, serve the model with vLLM or SGLang instead: same API.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
+import socket
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
+
+import uvicorn
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from envace.core.sampling import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
+request_log = logging.getLogger("envace.serve")
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+BODY_TIMEOUT_S = 10.0  # a body shorter than its Content-Length cannot hold a connection longer
+DEFAULT_MAX_QUEUE = 256
 
 TOOL_SYSTEM_NOTE = (
     "You can call these tools. To call one, write "
@@ -35,60 +60,202 @@ TOOL_SYSTEM_NOTE = (
 
 
 class RequestError(ValueError):
-    """A client error: answered with HTTP 400 and the message."""
+    """A client error, answered in OpenAI's error shape (400 unless ``status`` says otherwise)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+
+# ---------------------------------------------------------------------------- request bodies
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool | None = None
+
+
+class _Body(BaseModel):
+    """Fields both generation endpoints take. ``extra="forbid"``: an unknown field is a 400."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+    user: str | None = None  # an end-user id: informational only
+    # Accepted only at their neutral value (checked in _neutral): sampling ignores them.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Body):
+    prompt: Any = None  # checked by OpenAIServer._prompts, which knows the vocabulary
+    logprobs: int | None = Field(None, ge=0, le=1)  # only the sampled token's logprob exists
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    return_tokens_as_token_ids: bool | None = None  # vLLM extensions
+    include_stop_str_in_output: bool | None = None
+
+
+class ChatRequest(_Body):
+    messages: Any = None  # checked by OpenAIServer.render_chat
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=0)  # no alternatives: only the sampled token
+    response_format: dict[str, Any] | None = None
+
+
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "echo": (False,),
+    "suffix": ("",), "best_of": (1,),
+}
+
+
+def parse_request(kind: type[BaseModel], body: Any) -> Any:
+    """``body`` as ``kind``, or a RequestError naming the first bad field."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    try:
+        req = kind.model_validate(body)
+    except ValidationError as err:
+        e = err.errors()[0]
+        where = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            raise RequestError(f"unsupported field '{where}': envace serve does not implement it",
+                               param=where) from None
+        raise RequestError(f"{where}: {e['msg']}", param=where) from None
+    for name, neutral in _NEUTRAL.items():
+        value = getattr(req, name, None)
+        if value is not None and value not in neutral:
+            raise RequestError(f"{name}={value!r} is not supported by envace serve (only {neutral[0]!r})",
+                               param=name)
+    return req
+
+
+# ---------------------------------------------------------------------------- results
+
+
+@dataclass
+class _Row:
+    """One choice: the generation and what the response says about it."""
+
+    gen: Generation
+    text: str
+    finish: str
+    stop_reason: str | None = None
+    logprobs: dict[str, Any] | None = None  # completions' logprobs object
+    message: dict[str, Any] = field(default_factory=dict)  # chat only
+    chat_logprobs: list[dict[str, Any]] | None = None  # chat only
+
+
+@dataclass
+class _Result:
+    rows: list[_Row]
+    prompt_tokens: int
+    include_usage: bool = False
+
+    @property
+    def usage(self) -> dict[str, int]:
+        done = sum(len(r.gen.token_ids) for r in self.rows)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
+                "total_tokens": self.prompt_tokens + done}
 
 
 class OpenAIServer:
-    """Serve ``backend`` on ``host:port`` (port 0: any free port; see :attr:`url`).
+    """Serve ``backend`` on ``host:port`` (port 0: any free port, bound at once; see :attr:`url`).
 
-    ``api_key``: when set, requests need ``Authorization: Bearer <api_key>``.
+    ``api_key``: when set, requests need ``Authorization: Bearer <api_key>``. ``max_queue``: how
+    many generation requests may wait or run at once before the next gets 503 + Retry-After.
     Use as a context manager, or ``start()``/``stop()``, or ``serve_forever()`` (blocking).
     """
 
     def __init__(self, backend: Any, model_name: str = "envace", host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, default_max_tokens: int = 256,
-                 allow_weight_updates: bool = False) -> None:
+                 allow_weight_updates: bool = False, max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.backend = backend
-        self.allow_weight_updates = allow_weight_updates
-        self.weight_version = 0
         self.model_name = model_name
         self.api_key = api_key
         self.default_max_tokens = default_max_tokens
+        self.allow_weight_updates = allow_weight_updates
+        self.max_queue = max_queue
+        self.weight_version = 0
         self._generate_lock = threading.Lock()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="envace-generate")
+        self._pending = 0  # generation requests admitted and not yet answered (event-loop thread only)
+        self._seconds = 1.0  # running mean of one generation request, for Retry-After
+        # Bound (and listening) now: the port is known before start(), and a client that connects
+        # while the server starts waits in the backlog instead of being refused.
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self._sock.listen(2048)
+        self.app = self._app()
+        self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self.httpd = _Server((host, port), _make_handler(self))
 
     @property
     def host(self) -> str:
-        return str(self.httpd.server_address[0])
+        return str(self._sock.getsockname()[0])
 
     @property
     def port(self) -> int:
-        return int(self.httpd.server_address[1])
+        return int(self._sock.getsockname()[1])
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    # ------------------------------------------------------------------ lifecycle
+
+    def _make_uvicorn(self) -> uvicorn.Server:
+        config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off", ws="none",
+                                backlog=2048, timeout_graceful_shutdown=3, timeout_keep_alive=30)
+        self._uvicorn = uvicorn.Server(config)
+        return self._uvicorn
+
     def start(self) -> "OpenAIServer":
         if self._thread is None:
-            self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+            server = self._make_uvicorn()
+            self._thread = threading.Thread(target=server.run, kwargs={"sockets": [self._sock]},
                                             name=f"envace-serve-{self.port}", daemon=True)
             self._thread.start()
+            deadline = time.monotonic() + 30
+            while not server.started:
+                if not self._thread.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"envace serve did not start on {self.url}")
+                time.sleep(0.01)
         return self
 
     def serve_forever(self) -> None:
+        """Serve in this thread until Ctrl-C / SIGTERM."""
         try:
-            self.httpd.serve_forever(poll_interval=0.2)
+            self._make_uvicorn().run(sockets=[self._sock])
         finally:
-            self.httpd.server_close()
+            self.close()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self.httpd.shutdown()
-            self._thread.join(timeout=5)
+        if self._thread is not None and self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            self._thread.join(timeout=10)
             self._thread = None
-        self.httpd.server_close()
+        self.close()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        self._sock.close()
 
     def __enter__(self) -> "OpenAIServer":
         return self.start()
@@ -106,83 +273,87 @@ class OpenAIServer:
     def tokenizer(self) -> Any:
         return self.backend.tokenizer
 
-    # ------------------------------------------------------------------ endpoints
+    # ------------------------------------------------------------------ endpoints (sync, on the worker)
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                             "owned_by": "envace"}]}
 
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
-        if body.get("stream"):
-            raise RequestError("stream=true is not supported by envace serve")
-        if body.get("echo"):
-            raise RequestError("echo=true is not supported by envace serve")
-        prompts = self._prompts(body.get("prompt"))
-        n = _int(body, "n", 1, lo=1)
-        params = self._sampling(body)
-        logprobs = body.get("logprobs")
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
-            raise RequestError("logprobs must be a non-negative integer or null")
-        as_ids = bool(body.get("return_tokens_as_token_ids"))
-        keep_stop = bool(body.get("include_stop_str_in_output"))
-        expanded = [p for p in prompts for _ in range(n)]
-        gens = self.generate(expanded, params)
-        choices = []
-        for index, (prompt, gen) in enumerate(zip(expanded, gens)):
-            stop_reason = self._stop_reason(gen, params)
-            text = gen.text
-            if isinstance(stop_reason, str) and not keep_stop and text.endswith(stop_reason):
-                text = text[: -len(stop_reason)]
-            choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": gen.finish,
-                                      "stop_reason": stop_reason, "logprobs": None}
-            if logprobs is not None:
-                choice["logprobs"] = self._logprobs(gen, as_ids)
-            choices.append(choice)
-        completion_tokens = sum(len(g.token_ids) for g in gens)
-        prompt_tokens = sum(len(p) for p in expanded)
-        return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}}
+        """A /v1/completions answer for ``body`` (non-streamed), generated on this thread."""
+        return _completion_json(self._complete(parse_request(CompletionRequest, body)), self.model_name)
 
     def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
-        from envace.core.toolcall import parse_tool_calls
+        """A /v1/chat/completions answer for ``body`` (non-streamed), generated on this thread."""
+        return _chat_json(self._chat(parse_request(ChatRequest, body)), self.model_name)
 
-        if body.get("stream"):
-            raise RequestError("stream=true is not supported by envace serve")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise RequestError("messages must be a non-empty list of objects")
-        tools = body.get("tools") or None
-        if tools is not None and not isinstance(tools, list):
-            raise RequestError("tools must be a list")
-        if body.get("tool_choice") == "none":
+    def _complete(self, req: CompletionRequest) -> _Result:
+        prompts = self._prompts(req.prompt)
+        params = self._sampling(req, req.max_tokens)
+        expanded = [p for p in prompts for _ in range(req.n or 1)]
+        gens = self.generate(expanded, params)
+        rows = []
+        for gen in gens:
+            stop_reason = self._stop_reason(gen, params)
+            text = gen.text
+            if stop_reason is not None and not req.include_stop_str_in_output:
+                text = text[: -len(stop_reason)]
+            logprobs = None if req.logprobs is None else self._logprobs(gen, bool(req.return_tokens_as_token_ids))
+            rows.append(_Row(gen=gen, text=text, finish=gen.finish, stop_reason=stop_reason, logprobs=logprobs))
+        return _Result(rows, sum(len(p) for p in expanded), _include_usage(req))
+
+    def _chat(self, req: ChatRequest) -> _Result:
+        from envace.core.toolcall import CALL_OPEN, parse_tool_calls
+
+        if req.response_format is not None and req.response_format.get("type", "text") != "text":
+            raise RequestError(f"response_format type {req.response_format.get('type')!r} is not supported: "
+                               "envace serve cannot constrain the output (only 'text')", param="response_format")
+        tools = req.tools or None
+        prefill = ""  # text the answer is made to start with, so that the model calls a tool
+        choice = req.tool_choice
+        if choice in (None, "auto"):
+            pass
+        elif choice == "none":
             tools = None
-        if "max_completion_tokens" in body and "max_tokens" not in body:
-            body = {**body, "max_tokens": body["max_completion_tokens"]}
-        prompt = self.render_chat(messages, tools)
-        params = self._sampling(body)
-        n = _int(body, "n", 1, lo=1)
-        gens = self.generate([prompt] * n, params)  # n rows of one batch, each seeded by its index
-        choices = []
-        for index, gen in enumerate(gens):
-            message: dict[str, Any] = {"role": "assistant", "content": gen.text}
+        elif choice == "required" or isinstance(choice, dict):
+            if not tools:
+                raise RequestError("tool_choice needs tools", param="tool_choice")
+            prefill = f"{CALL_OPEN}\n"
+            if isinstance(choice, dict):
+                name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+                known = [(t.get("function") or {}).get("name") for t in tools]
+                if name not in known:
+                    raise RequestError(f"tool_choice must name one of the tools {known}, got {choice!r}",
+                                       param="tool_choice")
+                prefill += '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+        else:
+            raise RequestError(f"tool_choice must be 'none', 'auto', 'required' or "
+                               f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
+                               param="tool_choice")
+        prompt = self.render_chat(req.messages, tools, prefill)
+        max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
+        params = self._sampling(req, max_tokens)
+        gens = self.generate([prompt] * (req.n or 1), params)  # n rows of one batch, each seeded by its index
+        rows = []
+        for gen in gens:
+            stop_reason = self._stop_reason(gen, params)
+            text = prefill + (gen.text[: -len(stop_reason)] if stop_reason else gen.text)
+            message: dict[str, Any] = {"role": "assistant", "content": text}
             finish = gen.finish
             if tools:
-                parsed = parse_tool_calls(gen.text)
-                if parsed.calls:
+                parsed = parse_tool_calls(text)
+                calls = parsed.calls[:1] if req.parallel_tool_calls is False else parsed.calls
+                if calls:
                     message["content"] = parsed.content or None
                     message["tool_calls"] = [
                         {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
                          "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-                        for c in parsed.calls]
+                        for c in calls]
                     finish = "tool_calls"
-            choices.append({"index": index, "message": message, "finish_reason": finish, "logprobs": None})
-        completion = sum(len(g.token_ids) for g in gens)
-        return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion,
-                          "total_tokens": len(prompt) + completion}}
+            chat_lp = self._chat_logprobs(gen) if req.logprobs else None
+            rows.append(_Row(gen=gen, text=text, finish=finish, stop_reason=stop_reason, message=message,
+                             chat_logprobs=chat_lp))
+        return _Result(rows, len(prompt), _include_usage(req))
 
     def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1/load_weights {"path": FILE}``: load a safetensors file of (some of) the served
@@ -193,13 +364,13 @@ class OpenAIServer:
             raise RequestError("weight updates are off: start the server with --allow-weight-updates")
         path = body.get("path")
         if not isinstance(path, str) or not path:
-            raise RequestError("path must name a safetensors file")
+            raise RequestError("path must name a safetensors file", param="path")
         from safetensors.torch import load_file
 
         try:
             weights = load_file(path)
         except (OSError, ValueError) as err:  # missing file, not safetensors
-            raise RequestError(f"{path}: cannot load weights: {err}") from None
+            raise RequestError(f"{path}: cannot load weights: {err}", param="path") from None
         model = self.backend.model
         own = model.state_dict()
         unknown = sorted(k for k in weights if k not in own)
@@ -216,25 +387,34 @@ class OpenAIServer:
             self.weight_version += 1
         return {"loaded": len(weights), "version": self.weight_version}
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Token ids of the chat prompt (generation prompt appended)."""
+    def render_chat(self, messages: Any, tools: list[dict[str, Any]] | None, prefill: str = "") -> list[int]:
+        """Token ids of the chat prompt (generation prompt appended, then ``prefill``)."""
         from envace.core.prompts import template_supports_tools
         from envace.core.toolcall import CALL_CLOSE, CALL_OPEN
 
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise RequestError("messages must be a non-empty list of objects", param="messages")
         tok = self.tokenizer
         chat: list[dict[str, Any]] = []
         for m in messages:
             role = m.get("role")
-            if role not in ("system", "user", "assistant", "tool"):
-                raise RequestError(f"unknown message role {role!r}")
+            if role not in ("system", "developer", "user", "assistant", "tool"):
+                raise RequestError(f"unknown message role {role!r}", param="messages")
             content = _content_text(m.get("content"))
-            for tc in m.get("tool_calls") or []:  # an assistant's earlier calls, in the model's own format
-                fn = tc.get("function") or {}
+            calls = m.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise RequestError("tool_calls must be a list", param="messages")
+            for tc in calls:  # an assistant's earlier calls, in the model's own format
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                fn = fn if isinstance(fn, dict) else {}
                 args = fn.get("arguments")
-                args = json.loads(args) if isinstance(args, str) and args.strip() else (args or {})
+                try:
+                    args = json.loads(args) if isinstance(args, str) and args.strip() else (args or {})
+                except json.JSONDecodeError:
+                    raise RequestError(f"tool_calls arguments are not JSON: {args[:80]!r}", param="messages") from None
                 call = json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
                 content += ("\n" if content else "") + f"{CALL_OPEN}\n{call}\n{CALL_CLOSE}"
-            chat.append({"role": role, "content": content})
+            chat.append({"role": "system" if role == "developer" else role, "content": content})
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
         if tools and template_supports_tools(tok):
             kwargs["tools"] = tools
@@ -244,7 +424,7 @@ class OpenAIServer:
                 chat[0] = {"role": "system", "content": chat[0]["content"] + "\n\n" + note}
             else:
                 chat.insert(0, {"role": "system", "content": note})
-        text = tok.apply_chat_template(chat, **kwargs)
+        text = tok.apply_chat_template(chat, **kwargs) + prefill
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
     # ------------------------------------------------------------------ request parsing
@@ -260,60 +440,47 @@ class OpenAIServer:
                 vocab = len(tok)
                 bad = [t for t in ids if t < 0 or t >= vocab]
                 if bad:
-                    raise RequestError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+                    raise RequestError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}", param="prompt")
             else:
-                raise RequestError("prompt must be a string, a list of token ids, or a list of either")
+                raise RequestError("prompt must be a string, a list of token ids, or a list of either",
+                                   param="prompt")
             if not ids:
-                raise RequestError("prompt is empty")
+                raise RequestError("prompt is empty", param="prompt")
             return ids
 
         if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
             return [one(prompt)]
         if isinstance(prompt, list) and prompt:
             return [one(p) for p in prompt]
-        raise RequestError("prompt is required")
+        raise RequestError("prompt is required", param="prompt")
 
-    def _sampling(self, body: dict[str, Any]) -> SamplingParams:
-        stop = body.get("stop")
-        if stop is None:
-            stops: list[str] = []
-        elif isinstance(stop, str):
-            stops = [stop]
-        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-            stops = list(stop)
-        else:
-            raise RequestError("stop must be a string or a list of strings")
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise RequestError("seed must be an integer")
-        max_tokens = body.get("max_tokens")
+    def _sampling(self, req: _Body, max_tokens: int | None) -> SamplingParams:
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         try:
             return SamplingParams(
-                max_new_tokens=self.default_max_tokens if max_tokens is None else int(max_tokens),
-                temperature=float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0),
-                top_p=float(body.get("top_p", 1.0) if body.get("top_p") is not None else 1.0),
+                max_new_tokens=self.default_max_tokens if max_tokens is None else max_tokens,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
                 stop=[s for s in stops if s],
-                seed=seed,
+                seed=req.seed,
             )
-        except (TypeError, ValueError) as err:
-            raise RequestError(str(err)) from None
+        except ValueError as err:
+            raise RequestError(f"max_tokens / temperature / top_p: {err}") from None
 
-    def _stop_reason(self, gen: Generation, params: SamplingParams) -> str | int | None:
+    @staticmethod
+    def _stop_reason(gen: Generation, params: SamplingParams) -> str | None:
         """vLLM's ``stop_reason``: the stop string that ended the row, else None (EOS / length)."""
         if gen.finish != "stop":
             return None
-        for s in params.stop:
-            if gen.text.endswith(s):
-                return s
-        return None
+        return next((s for s in params.stop if gen.text.endswith(s)), None)
+
+    def _token_texts(self, gen: Generation) -> list[str]:
+        tok = self.tokenizer
+        return [tok.decode([t], skip_special_tokens=False, clean_up_tokenization_spaces=False) for t in gen.token_ids]
 
     def _logprobs(self, gen: Generation, as_ids: bool) -> dict[str, Any]:
         tok = self.tokenizer
-        if as_ids:
-            tokens = [f"token_id:{t}" for t in gen.token_ids]
-        else:
-            tokens = [tok.decode([t], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-                      for t in gen.token_ids]
+        tokens = [f"token_id:{t}" for t in gen.token_ids] if as_ids else self._token_texts(gen)
         offsets, pos = [], 0
         for t in gen.token_ids:
             offsets.append(pos)
@@ -321,13 +488,209 @@ class OpenAIServer:
         return {"tokens": tokens, "token_logprobs": list(gen.logprobs),
                 "top_logprobs": [{tk: lp} for tk, lp in zip(tokens, gen.logprobs)], "text_offset": offsets}
 
+    def _chat_logprobs(self, gen: Generation) -> list[dict[str, Any]]:
+        return [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+                for t, lp in zip(self._token_texts(gen), gen.logprobs)]
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+    def _pieces(self, gen: Generation, text: str) -> list[str]:
+        """``text`` cut at token boundaries, one piece per generated token (some empty), for a
+        stream: the pieces join to ``text`` exactly."""
+        tok, pieces, sent = self.tokenizer, [], 0
+        for k in range(1, len(gen.token_ids) + 1):
+            prefix = tok.decode(gen.token_ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            end = len(prefix) if text.startswith(prefix) and len(prefix) > sent else sent
+            pieces.append(text[sent:end])
+            sent = end
+        if pieces:
+            pieces[-1] += text[sent:]
+        return pieces or [text]
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that gave up (timeout, Ctrl-C) leaves a broken pipe behind: log, don't print.
-        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+    # ------------------------------------------------------------------ HTTP
+
+    def _app(self) -> Starlette:
+        async def health(request: Request) -> Response:
+            return JSONResponse({"status": "ok"})
+
+        async def models(request: Request) -> Response:
+            return self._refuse_key(request) or JSONResponse(self.models())
+
+        async def not_found(request: Request, exc: Exception) -> Response:
+            status = getattr(exc, "status_code", 404)
+            kind = "not_found_error" if status == 404 else "invalid_request_error"
+            return _error(status, f"no route {request.method} {request.url.path}", kind)
+
+        routes = [Route("/health", health), Route("/v1/health", health), Route("/v1/models", models),
+                  Route("/v1/completions", self._endpoint(CompletionRequest, self._complete, _completion_json,
+                                                          _completion_events), methods=["POST"]),
+                  Route("/v1/chat/completions", self._endpoint(ChatRequest, self._chat, _chat_json, _chat_events),
+                        methods=["POST"]),
+                  Route("/v1/load_weights", self._load_weights_route, methods=["POST"])]
+        return _RequestLog(Starlette(routes=routes, exception_handlers={HTTPException: not_found}))
+
+    def _refuse_key(self, request: Request) -> Response | None:
+        if not self.api_key or request.headers.get("authorization", "") == f"Bearer {self.api_key}":
+            return None
+        return _error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error",
+                      code="invalid_api_key", close=True)
+
+    async def _json_body(self, request: Request) -> dict[str, Any] | Response:
+        """The body as a dict, or the error response. The key and the declared length are checked
+        before anything is read, so a client cannot hold the server by declaring a body it never sends."""
+        if refused := self._refuse_key(request):
+            return refused
+        declared = request.headers.get("content-length")
+        if declared is None:
+            return _error(411, "a Content-Length header is required", close=True)
+        if not declared.strip().isdigit():
+            return _error(400, "a valid Content-Length header is required", close=True)
+        if int(declared) > MAX_BODY_BYTES:
+            return _error(413, f"request body over {MAX_BODY_BYTES} bytes", close=True)
+        try:
+            raw = await asyncio.wait_for(request.body(), BODY_TIMEOUT_S)
+        except (TimeoutError, ClientDisconnect):
+            return _error(408, "the request body did not arrive in full", close=True)
+        try:
+            body = json.loads(raw.decode("utf-8") or "{}")
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            return _error(400, f"the request body is not valid JSON: {err}")
+        return body if isinstance(body, dict) else _error(400, "the request body must be a JSON object")
+
+    def _endpoint(self, kind: type[BaseModel], run: Callable[[Any], _Result],
+                  as_json: Callable[[_Result, str], dict[str, Any]],
+                  as_events: Callable[["OpenAIServer", _Result], list[dict[str, Any]]]) -> Callable[..., Any]:
+        async def endpoint(request: Request) -> Response:
+            body = await self._json_body(request)
+            if isinstance(body, Response):
+                return body
+            try:
+                req = parse_request(kind, body)
+                if req.model is not None and req.model != self.model_name:
+                    raise RequestError(f"the model '{req.model}' does not exist: this server serves "
+                                       f"'{self.model_name}'", param="model", status=404, code="model_not_found")
+                if self._pending >= self.max_queue:
+                    wait = max(1, math.ceil(self._seconds * self._pending))
+                    return _error(503, f"the server is busy ({self._pending} requests queued); retry after "
+                                       f"{wait} s", "server_busy", headers={"Retry-After": str(wait)})
+                result = await self._on_worker(run, req, count=True)
+                if not req.stream:
+                    return JSONResponse(as_json(result, self.model_name))
+                events = as_events(self, result)  # built before the stream starts: an error is still JSON
+            except RequestError as err:
+                return _error(err.status, str(err), param=err.param, code=err.code)
+            except Exception as err:  # noqa: BLE001 - a server error must reach the client as a 500
+                log.exception("%s failed", request.url.path)
+                return _error(500, f"{type(err).__name__}: {err}", "server_error")
+
+            async def sse() -> AsyncIterator[str]:
+                for event in events:
+                    yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+        return endpoint
+
+    async def _load_weights_route(self, request: Request) -> Response:
+        body = await self._json_body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            return JSONResponse(await self._on_worker(self.load_weights, body))
+        except RequestError as err:
+            return _error(err.status, str(err), param=err.param, code=err.code)
+
+    async def _on_worker(self, fn: Callable[[Any], Any], arg: Any, count: bool = False) -> Any:
+        """Run ``fn(arg)`` on the one generation thread (FIFO), keeping the queue count."""
+        def timed(arg: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return fn(arg)
+            finally:
+                self._seconds = 0.8 * self._seconds + 0.2 * (time.monotonic() - started)
+
+        self._pending += count
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._worker, timed, arg)
+        finally:
+            self._pending -= count
+
+
+# ---------------------------------------------------------------------------- response shapes
+
+
+def _head(kind: str, model: str) -> dict[str, Any]:
+    prefix = "cmpl" if kind == "text_completion" else "chatcmpl"
+    return {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()), "model": model}
+
+
+def _completion_json(result: _Result, model: str) -> dict[str, Any]:
+    choices = [{"index": i, "text": r.text, "finish_reason": r.finish, "stop_reason": r.stop_reason,
+                "logprobs": r.logprobs} for i, r in enumerate(result.rows)]
+    return {**_head("text_completion", model), "choices": choices, "usage": result.usage}
+
+
+def _chat_json(result: _Result, model: str) -> dict[str, Any]:
+    choices = [{"index": i, "message": r.message, "finish_reason": r.finish,
+                "logprobs": None if r.chat_logprobs is None else {"content": r.chat_logprobs}}
+               for i, r in enumerate(result.rows)]
+    return {**_head("chat.completion", model), "choices": choices, "usage": result.usage}
+
+
+def _completion_events(server: OpenAIServer, result: _Result) -> list[dict[str, Any]]:
+    """One chunk per generated token (its text piece and logprob), then each choice's finish."""
+    head = _head("text_completion", server.model_name)
+    events = []
+    for i, r in enumerate(result.rows):
+        for k, piece in enumerate(server._pieces(r.gen, r.text)):
+            lp = None if r.logprobs is None else {key: v[k:k + 1] for key, v in r.logprobs.items()}
+            events.append({**head, "choices": [{"index": i, "text": piece, "logprobs": lp, "finish_reason": None}]})
+        events.append({**head, "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": r.finish,
+                                            "stop_reason": r.stop_reason}]})
+    if result.include_usage:
+        events.append({**head, "choices": [], "usage": result.usage})
+    return events
+
+
+def _chat_events(server: OpenAIServer, result: _Result) -> list[dict[str, Any]]:
+    """Per choice: the role, the content one token at a time (or, for a tool call, the content
+    before it and then the calls whole), then the finish reason."""
+    head = _head("chat.completion.chunk", server.model_name)
+
+    def chunk(i: int, delta: dict[str, Any], finish: str | None = None, lp: list | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": i, "delta": delta, "finish_reason": finish,
+                                     "logprobs": None if lp is None else {"content": lp}}]}
+
+    events = []
+    for i, r in enumerate(result.rows):
+        events.append(chunk(i, {"role": "assistant", "content": ""}))
+        calls = r.message.get("tool_calls")
+        if calls:
+            if r.message.get("content"):
+                events.append(chunk(i, {"content": r.message["content"]}))
+            events.append(chunk(i, {"tool_calls": [{"index": j, **c} for j, c in enumerate(calls)]},
+                                lp=r.chat_logprobs))
+        else:
+            for k, piece in enumerate(server._pieces(r.gen, r.text)):
+                events.append(chunk(i, {"content": piece}, lp=None if r.chat_logprobs is None
+                                    else r.chat_logprobs[k:k + 1]))
+        events.append(chunk(i, {}, finish=r.finish))
+    if result.include_usage:
+        events.append({**head, "choices": [], "usage": result.usage})
+    return events
+
+
+def _include_usage(req: _Body) -> bool:
+    return bool(req.stream and req.stream_options and req.stream_options.include_usage)
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+           code: str | None = None, close: bool = False, headers: dict[str, str] | None = None) -> JSONResponse:
+    """OpenAI's error shape. ``close``: the body was not read, so the connection cannot be reused."""
+    headers = dict(headers or {})
+    if close:
+        headers["Connection"] = "close"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status, headers=headers)
 
 
 def _content_text(content: Any) -> str:
@@ -337,114 +700,41 @@ def _content_text(content: Any) -> str:
         return content
     if isinstance(content, list):  # OpenAI content parts: keep the text ones
         return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    raise RequestError("message content must be a string, a list of parts, or null")
+    raise RequestError("message content must be a string, a list of parts, or null", param="messages")
 
 
-def _int(body: dict[str, Any], key: str, default: int, lo: int) -> int:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise RequestError(f"{key} must be an integer >= {lo}")
-    return value
+class _RequestLog:
+    """ASGI middleware: one log line per request (method, path, status, milliseconds to the last byte)."""
 
+    def __init__(self, app: Any) -> None:
+        self.app = app
 
-def _make_handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
-    routes_post = {"/v1/completions": server.completions, "/v1/chat/completions": server.chat_completions,
-                   "/v1/load_weights": server.load_weights}
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), 500
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "envace-serve"
+        async def send_logged(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
 
-        def log_message(self, fmt: str, *args: Any) -> None:  # route through logging, not stderr
-            log.debug("%s %s", self.address_string(), fmt % args)
-
-        def _send(self, status: int, obj: dict[str, Any]) -> None:
-            data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, status: int, message: str, kind: str) -> None:
-            self._send(status, {"error": {"message": message, "type": kind, "code": status}})
-
-        def _authorised(self) -> bool:
-            if not server.api_key:
-                return True
-            if self.headers.get("Authorization", "") == f"Bearer {server.api_key}":
-                return True
-            self._error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error")
-            return False
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            path = self.path.split("?", 1)[0].rstrip("/")
-            if path in ("/health", "/v1/health"):
-                self._send(200, {"status": "ok"})
-            elif not self._authorised():
-                return
-            elif path == "/v1/models":
-                self._send(200, server.models())
-            else:
-                self._error(404, f"no route GET {path}", "not_found_error")
-
-        def do_POST(self) -> None:  # noqa: N802
-            path = self.path.split("?", 1)[0].rstrip("/")
-            # The key first: an unauthorised client gets nothing read, not even its body.
-            if not self._authorised():
-                self.close_connection = True
-                return
-            declared = self.headers.get("Content-Length")
-            if declared is None or not declared.strip().isdigit():
-                self._error(411 if declared is None else 400, "a valid Content-Length header is required",
-                            "invalid_request_error")
-                self.close_connection = True
-                return
-            length = int(declared)
-            if length > MAX_BODY_BYTES:
-                self._error(413, f"request body over {MAX_BODY_BYTES} bytes", "invalid_request_error")
-                self.close_connection = True
-                return
-            self.connection.settimeout(BODY_TIMEOUT_S)  # a body shorter than declared cannot hang us
-            try:
-                raw = self.rfile.read(length) if length else b""
-            except (TimeoutError, OSError):
-                self.close_connection = True
-                return
-            if len(raw) < length:
-                self._error(400, "the request body is shorter than its Content-Length", "invalid_request_error")
-                self.close_connection = True
-                return
-            route = routes_post.get(path)
-            if route is None:
-                self._error(404, f"no route POST {path}", "not_found_error")
-                return
-            try:
-                body = json.loads(raw.decode("utf-8") or "{}")
-                if not isinstance(body, dict):
-                    raise RequestError("the request body must be a JSON object")
-                self._send(200, route(body))
-            except (RequestError, json.JSONDecodeError, UnicodeDecodeError) as err:
-                self._error(400, str(err), "invalid_request_error")
-            except Exception as err:  # noqa: BLE001 - a server error must reach the client as a 500
-                log.exception("request to %s failed", path)
-                self._error(500, f"{type(err).__name__}: {err}", "server_error")
-
-    return Handler
-
-
-MAX_BODY_BYTES = 32 * 1024 * 1024
-BODY_TIMEOUT_S = 10.0
+        try:
+            await self.app(scope, receive, send_logged)
+        finally:
+            request_log.info("%s %s %d %.1f ms", scope["method"], scope["path"], status,
+                             (time.perf_counter() - started) * 1000)
 
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, device: str = "cpu",
-          max_batch: int = 8, api_key: str | None = None, allow_weight_updates: bool = False) -> OpenAIServer:
+          max_batch: int = 8, api_key: str | None = None, allow_weight_updates: bool = False,
+          max_queue: int = DEFAULT_MAX_QUEUE) -> OpenAIServer:
     """Load ``spec`` (any :func:`envace.policy.loading.load_model` spec) into a TransformersBackend
     and return an (unstarted) server for it."""
     from envace.policy.transformers_backend import TransformersBackend
 
     backend = TransformersBackend.from_spec(spec, device=device, max_batch=max_batch)
     return OpenAIServer(backend, model_name=name or spec, host=host, port=port, api_key=api_key,
-                        allow_weight_updates=allow_weight_updates)
+                        allow_weight_updates=allow_weight_updates, max_queue=max_queue)
+
