@@ -1,0 +1,234 @@
+"""``envace serve`` through the official ``openai`` client and raw httpx2: streaming, refused fields,
+the model name, ``tool_choice``, chat logprobs, the request log, and a burst of 200 requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+
+import httpx2
+import pytest
+
+from envace.core.sampling import Generation, SamplingParams
+from envace.policy.http_server import OpenAIServer
+
+openai = pytest.importorskip("openai")
+
+TOOLS = [{"type": "function", "function": {"name": "get_order", "description": "Look up an order.",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"order_id": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "cancel_order", "description": "Cancel an order.",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"order_id": {"type": "string"}}}}}]
+HI = [{"role": "user", "content": "Name a colour."}]
+
+
+def _client(server: OpenAIServer) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+
+
+class _Writes:
+    """A backend whose model writes ``text`` after whatever prompt it gets (EOS-free, finish stop),
+    recording the prompts: what the server does with a given output is under test."""
+
+    def __init__(self, tokenizer, text: str) -> None:
+        self.tokenizer, self.text, self.prompts = tokenizer, text, []
+        self.running = self.most_running = 0
+        self._lock = threading.Lock()
+
+    def generate(self, prompts, params):
+        with self._lock:
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+        time.sleep(0.005)
+        self.prompts.extend(prompts)
+        ids = list(self.tokenizer(self.text, add_special_tokens=False)["input_ids"])
+        with self._lock:
+            self.running -= 1
+        return [Generation(token_ids=ids, logprobs=[-0.25] * len(ids), text=self.text, finish="stop")
+                for _ in prompts]
+
+
+# ---------------------------------------------------------------------------- streaming
+
+
+def test_streamed_chat_and_completions_equal_the_whole_answers(tiny_server):
+    client = _client(tiny_server)
+    whole = client.chat.completions.create(model="tiny", messages=HI, temperature=0, max_tokens=12, logprobs=True)
+    chunks = list(client.chat.completions.create(model="tiny", messages=HI, temperature=0, max_tokens=12,
+                                                 logprobs=True, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and len(text) > 0
+    streamed_lp = [t.logprob for c in chunks if c.choices and c.choices[0].logprobs
+                   for t in c.choices[0].logprobs.content]
+    assert streamed_lp == [t.logprob for t in whole.choices[0].logprobs.content]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+    whole = client.completions.create(model="tiny", prompt="Hello", max_tokens=10, temperature=0, n=2, logprobs=1)
+    chunks = list(client.completions.create(model="tiny", prompt="Hello", max_tokens=10, temperature=0, n=2,
+                                            logprobs=1, stream=True))
+    for i in range(2):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == i]
+        assert "".join(c.text for c in mine) == whole.choices[i].text
+        assert [v for c in mine if c.logprobs for v in c.logprobs.token_logprobs] == \
+            whole.choices[i].logprobs.token_logprobs
+        assert mine[-1].finish_reason == whole.choices[i].finish_reason
+
+
+def test_streamed_tool_calls_with_n(tiny_backend):
+    writes = _Writes(tiny_backend.tokenizer, 'Looking.<tool_call>\n{"name": "get_order", "arguments": '
+                                             '{"order_id": "o-7"}}\n</tool_call>')
+    with OpenAIServer(writes, model_name="tiny") as server:
+        chunks = list(_client(server).chat.completions.create(model="tiny", messages=HI, tools=TOOLS, n=2,
+                                                              stream=True))
+    for i in range(2):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == i]
+        assert "".join(c.delta.content or "" for c in mine) == "Looking."
+        calls = [tc for c in mine for tc in (c.delta.tool_calls or [])]
+        assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [
+            ("get_order", {"order_id": "o-7"})]
+        assert calls[0].id.startswith("call_") and mine[-1].finish_reason == "tool_calls"
+
+
+# ---------------------------------------------------------------------------- refused, honoured
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),
+    ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "refund"}}}, "tool_choice"),
+    ({"n": 0}, "n"),
+    ({"temperature": "hot"}, "temperature"),
+])
+def test_unsupported_or_bad_chat_fields_are_a_400_naming_the_field(tiny_server, kwargs, field):
+    with pytest.raises(openai.BadRequestError, match=field) as err:
+        _client(tiny_server).chat.completions.create(model="tiny", messages=HI, max_tokens=2, **kwargs)
+    assert err.value.body["param"] == field and err.value.body["type"] == "invalid_request_error"
+
+
+def test_unsupported_completion_fields_and_neutral_values(tiny_server):
+    client = _client(tiny_server)
+    for kwargs, field in [({"echo": True}, "echo"), ({"logprobs": 3}, "logprobs"), ({"best_of": 2}, "best_of"),
+                          ({"suffix": "!"}, "suffix")]:
+        with pytest.raises(openai.BadRequestError, match=field):
+            client.completions.create(model="tiny", prompt="Hi", max_tokens=2, **kwargs)
+    # The neutral values of what sampling does not implement are fine (clients send defaults).
+    out = client.completions.create(model="tiny", prompt="Hi", max_tokens=2, presence_penalty=0, echo=False,
+                                    best_of=1, user="u1")
+    assert len(out.choices) == 1
+
+
+def test_an_unknown_model_is_a_404_and_response_format_text_is_fine(tiny_server):
+    client = _client(tiny_server)
+    with pytest.raises(openai.NotFoundError, match="gpt-4o") as err:
+        client.chat.completions.create(model="gpt-4o", messages=HI, max_tokens=2)
+    assert err.value.body["code"] == "model_not_found" and "tiny" in err.value.body["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="tiny-2", prompt="Hi", max_tokens=2)
+    out = client.chat.completions.create(model="tiny", messages=HI, max_tokens=2, response_format={"type": "text"})
+    assert out.choices[0].message.role == "assistant"
+
+
+def test_tool_choice_none_required_and_named(tiny_backend):
+    tok = tiny_backend.tokenizer
+    with OpenAIServer(_Writes(tok, '{"order_id": "o-1"}}\n</tool_call>'), model_name="tiny") as server:
+        client = _client(server)
+        named = client.chat.completions.create(model="tiny", messages=HI, tools=TOOLS, tool_choice={
+            "type": "function", "function": {"name": "cancel_order"}})
+        # The call is forced by starting the answer with its opening, the named function's included.
+        assert tok.decode(server.backend.prompts[-1]).endswith('<tool_call>\n{"name": "cancel_order", "arguments": ')
+        call = named.choices[0].message.tool_calls[0]
+        assert named.choices[0].finish_reason == "tool_calls"
+        assert (call.function.name, json.loads(call.function.arguments)) == ("cancel_order", {"order_id": "o-1"})
+    with OpenAIServer(_Writes(tok, '{"name": "get_order", "arguments": {}}\n</tool_call>'),
+                      model_name="tiny") as server:
+        client = _client(server)
+        required = client.chat.completions.create(model="tiny", messages=HI, tools=TOOLS, tool_choice="required")
+        assert tok.decode(server.backend.prompts[-1]).endswith("<tool_call>\n")
+        assert required.choices[0].message.tool_calls[0].function.name == "get_order"
+        none = client.chat.completions.create(model="tiny", messages=HI, tools=TOOLS, tool_choice="none")
+        assert "get_order" not in tok.decode(server.backend.prompts[-1])  # no tools offered
+        assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason == "stop"
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(tiny_backend):
+    two = "".join(f'<tool_call>\n{{"name": "get_order", "arguments": {{"order_id": "o-{i}"}}}}\n</tool_call>'
+                  for i in (1, 2))
+    with OpenAIServer(_Writes(tiny_backend.tokenizer, two), model_name="tiny") as server:
+        client = _client(server)
+        both = client.chat.completions.create(model="tiny", messages=HI, tools=TOOLS)
+        one = client.chat.completions.create(model="tiny", messages=HI, tools=TOOLS, parallel_tool_calls=False)
+    assert len(both.choices[0].message.tool_calls) == 2 and len(one.choices[0].message.tool_calls) == 1
+
+
+def test_chat_logprobs_are_the_sampled_tokens(tiny_backend, tiny_server):
+    out = _client(tiny_server).chat.completions.create(model="tiny", messages=HI, temperature=0, max_tokens=8,
+                                                       logprobs=True)
+    want = tiny_backend.generate([tiny_server.render_chat(HI, None)], SamplingParams(max_new_tokens=8,
+                                                                                    temperature=0.0))[0]
+    content = out.choices[0].logprobs.content
+    assert [t.logprob for t in content] == pytest.approx(want.logprobs, abs=1e-4)
+    assert len(content) == out.usage.completion_tokens and all(t.top_logprobs == [] for t in content)
+    assert _client(tiny_server).chat.completions.create(model="tiny", messages=HI, max_tokens=2).choices[0].logprobs \
+        is None
+
+
+# ---------------------------------------------------------------------------- log, load
+
+
+def test_every_request_is_logged_on_one_line(tiny_server, caplog):
+    client = _client(tiny_server)
+    with caplog.at_level(logging.INFO, logger="envace.serve"):
+        client.models.list()
+        client.chat.completions.create(model="tiny", messages=HI, max_tokens=2)
+        with pytest.raises(openai.NotFoundError):
+            client.embeddings.create(model="tiny", input="x")
+        deadline = time.monotonic() + 5
+        while len(caplog.records) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the line is written once the last byte is sent
+    lines = [r.getMessage() for r in caplog.records if r.name == "envace.serve"]
+    assert [line.rsplit(" ", 2)[0] for line in lines] == [
+        "GET /v1/models 200", "POST /v1/chat/completions 200", "POST /v1/embeddings 404"]
+    assert all(line.endswith(" ms") and float(line.split()[-2]) >= 0 for line in lines)
+
+
+async def _burst(url: str, n: int, body: dict) -> list[httpx2.Response]:
+    limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx2.AsyncClient(timeout=120, limits=limits) as client:
+        return await asyncio.gather(*(client.post(url + "/completions", json=body) for _ in range(n)))
+
+
+def test_200_concurrent_requests_are_all_answered_one_generation_at_a_time(tiny_backend):
+    writes = _Writes(tiny_backend.tokenizer, "ok")
+    with OpenAIServer(writes, model_name="tiny") as server:
+        answers = asyncio.run(_burst(server.url, 200, {"model": "tiny", "prompt": "Hi", "max_tokens": 2}))
+    assert [r.status_code for r in answers] == [200] * 200  # queued, none reset
+    assert writes.most_running == 1 and len(writes.prompts) == 200  # never two generations at once
+
+
+def test_a_full_queue_answers_503_with_retry_after(tiny_backend):
+    with OpenAIServer(_Writes(tiny_backend.tokenizer, "ok"), model_name="tiny", max_queue=4) as server:
+        answers = asyncio.run(_burst(server.url, 200, {"model": "tiny", "prompt": "Hi", "max_tokens": 2}))
+        again = httpx2.post(server.url + "/completions", json={"prompt": "Hi", "max_tokens": 2})
+    codes = [r.status_code for r in answers]
+    assert set(codes) == {200, 503} and codes.count(200) >= 4
+    busy = [r for r in answers if r.status_code == 503]
+    assert all(int(r.headers["retry-after"]) >= 1 and r.json()["error"]["type"] == "server_busy" for r in busy)
+    assert again.status_code == 200  # the queue drained
+
+
+def test_200_concurrent_requests_on_the_tiny_model(tiny_server):
+    """The real model behind the queue: every request gets its greedy completion."""
+    body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0}
+    answers = asyncio.run(_burst(tiny_server.url, 200, body))
+    assert [r.status_code for r in answers] == [200] * 200
+    assert len({r.json()["choices"][0]["text"] for r in answers}) == 1
