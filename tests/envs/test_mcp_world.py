@@ -34,7 +34,7 @@ def world(tmp_path):
 
 def test_tools_are_listed_from_the_server_without_the_reset_tool(world):
     tools = {t.name: t for t in world.tools()}
-    assert set(tools) == {"echo", "bump", "hang", "crash", "fail"}
+    assert set(tools) == {"echo", "bump", "hang", "crash", "fail", "big"}
     assert tools["echo"].function.parameters["required"] == ["text"]
     assert "Echo" in tools["echo"].function.description
 
@@ -130,7 +130,7 @@ def test_episodes_against_the_server_record_errors_and_finish(tmp_path, world):
     assert ok.reward == 1.0 and '"seed": 1' in ok.messages[2].content
     tool_msgs = [m.content for m in crashed.messages if m.role == "tool"]
     assert len(tool_msgs) == 2 and all(ENVIRONMENT_ERROR in m for m in tool_msgs)
-    assert crashed.reward == 1.0 and crashed.stop_reason == "final_answer"
+    assert crashed.stop_reason == "final_answer"  # the episode finished; what a crash costs is the reward's call
     from envace.experiments.rundir import RunDir
 
     run = RunDir.create(tmp_path / "runs", "rollout", {"world": "faulty"})
@@ -177,3 +177,90 @@ def test_a_streamable_http_server_gives_each_episode_its_own_session(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_tool_annotations_are_kept_beside_the_function(world):
+    tools = {t.name: t.model_dump(mode="json") for t in world.tools()}
+    assert tools["echo"]["annotations"] == {"readOnlyHint": True}
+    assert tools["bump"]["annotations"] == {"readOnlyHint": False, "destructiveHint": False}
+    assert "annotations" not in tools["hang"]  # unknown: judged as a write, and absent from the prompt
+    # a task file may carry them: validation of the task accepts the key
+    Task.model_validate({"id": "a", "instruction": "x", "tools": [tools["echo"]]})
+
+
+def test_a_huge_result_is_cut_with_a_marker_and_a_warning_that_says_what_to_do(tmp_path):
+    from envace.envs.provider import ToolResultWarning
+
+    w = resolve_world(spec(tmp_path, max_result_chars=500))
+    env = w.open(EnvRef())
+    try:
+        with pytest.warns(ToolResultWarning, match="Make the tool return less.*max_result_chars") as got:
+            value = env.call("big", {})
+            env.call("big", {})
+        assert len(got) == 1  # once per tool
+        assert isinstance(value, str) and value.startswith("y" * 500) and not value.startswith("y" * 501)
+        assert value.endswith("[envace: result truncated: 500 of 20000 characters shown]")
+        assert "token" not in str(got[0].message)
+    finally:
+        env.close()
+        w.shutdown()
+
+
+def test_a_server_that_dies_before_the_handshake_is_reported_with_exit_code_and_stderr(tmp_path):
+    w = resolve_world(MCPSpec(command=[sys.executable, str(SERVER), "--die-on-start"], timeout_s=3,
+                              startup_timeout_s=20))
+    with pytest.raises(ValueError) as e:
+        w.tools()
+    message = str(e.value)
+    assert "exited with code 7" in message and "cannot open the database notes.db" in message
+    assert "\n" not in message  # one line
+    w._tools = []  # an episode's session reports the same
+    env = w.open(EnvRef())
+    try:
+        from envace.envs.mcp_world import wait
+
+        answer = wait(_call_unchecked(env, "echo", {"text": "x"}), w.spec_model)
+        assert error_code(answer) == ENVIRONMENT_ERROR
+        assert "exited with code 7" in answer["error"]["message"]
+        assert "cannot open the database" in answer["error"]["message"]
+    finally:
+        env.close()
+        w.shutdown()
+
+
+def _call_unchecked(env, name, arguments):
+    """A call past the listing check, straight to a session (the server's listing failed)."""
+    from envace.envs.mcp_world import _Session
+
+    env.session = _Session(env.world, env.env)
+    return env.session.call(name, arguments)
+
+
+def test_without_a_reset_tool_env_args_are_refused_where_checked_and_warned_at_run_time(tmp_path):
+    w = resolve_world(MCPSpec(command=[sys.executable, str(SERVER), "--no-reset"], timeout_s=3,
+                              startup_timeout_s=20))
+    try:
+        assert "reset" not in {t.name for t in w.tools()}
+        assert "no reset tool" in w.args_ignored()
+        env = w.open(EnvRef(args={"seed": 3}))
+        try:
+            with pytest.warns(RuntimeWarning, match="env.args.*reach nothing"):
+                assert env.call("echo", {"text": "a"})["seed"] is None
+        finally:
+            env.close()
+    finally:
+        w.shutdown()
+
+
+def test_a_reset_tool_is_found_by_name_and_never_offered_to_the_agent(tmp_path):
+    w = resolve_world(f"mcp:{sys.executable} {SERVER}")  # no reset_tool setting
+    try:
+        assert "reset" not in {t.name for t in w.tools()}
+        assert w.reset_tool == "reset" and w.args_ignored() is None
+        env = w.open(EnvRef(args={"seed": 9}))
+        try:
+            assert env.call("echo", {"text": "a"}) == {"text": "a", "seed": 9}
+        finally:
+            env.close()
+    finally:
+        w.shutdown()

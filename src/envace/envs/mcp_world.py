@@ -10,17 +10,23 @@ provider, and each episode's session lives in its own task there (the SDK's tran
 entered and left in one task). Calls wait at most ``timeout_s``; a server that hangs, crashes or
 refuses answers with a structured ``ENVIRONMENT_ERROR`` and the episode goes on.
 Training by rehearsal never opens a session; listing the tools does, once.
+
+A server's tool ``annotations`` (``readOnlyHint``, ``destructiveHint``, ...) are kept beside each
+tool's ``function``; results are capped at ``max_result_chars``; a stdio server that dies before
+the handshake is reported with its exit code and the end of its stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import os
 import shlex
 import sys
 import threading
+import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from concurrent.futures import Future
@@ -31,8 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envace.core.errors import tool_error
 from envace.core.types import EnvRef, ToolCall, ToolSpec
-from envace.envs.provider import (ENVIRONMENT_ERROR, TOOL_EXECUTION_ERROR, WorldProvider, check_call, done,
-                                  json_safe, recorded)
+from envace.envs.provider import (ENVIRONMENT_ERROR, MAX_RESULT_CHARS, TOOL_EXECUTION_ERROR, ResultPolicy,
+                                  WorldProvider, check_call, done, json_safe, recorded)
 
 
 class MCPSpec(BaseModel):
@@ -46,7 +52,10 @@ class MCPSpec(BaseModel):
     cwd: str | None = None
     timeout_s: float = Field(30.0, gt=0, description="longest wait for one tool call")
     startup_timeout_s: float = Field(60.0, gt=0, description="longest wait for a session to open")
-    reset_tool: str | None = Field(None, description="tool called with env.args when an episode's session opens")
+    reset_tool: str | None = Field(None, description="tool called with env.args when an episode's session opens "
+                                   "(default: the server's tool named 'reset', if it has one); never an agent tool")
+    max_result_chars: int = Field(MAX_RESULT_CHARS, gt=0, description="longest tool result (JSON text) the agent "
+                                  "sees; longer ones are cut with a marker")
     stderr: str | None = Field(None, description="file the stdio server's stderr is appended to "
                                "(default: this process's stderr)")
 
@@ -83,8 +92,86 @@ def _require_sdk() -> Any:
     return mcp
 
 
+class _StderrTap:
+    """The stdio server's stderr through a pipe: passed on to where it would have gone, the
+    last few KB kept, so a server that dies before the handshake can be reported with it."""
+
+    KEEP = 2000
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        r, w = os.pipe()
+        self._r = r
+        self.writer = os.fdopen(w, "w", encoding="utf-8")
+        self._tail = b""
+        self.thread = threading.Thread(target=self._pump, name="envace-mcp-stderr", daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        try:
+            while chunk := os.read(self._r, 4096):
+                self._tail = (self._tail + chunk)[-self.KEEP:]
+                try:
+                    self.sink.write(chunk.decode("utf-8", "replace"))
+                    self.sink.flush()
+                except (OSError, ValueError):  # a closed sink: keep reading, or the server blocks
+                    pass
+        finally:
+            os.close(self._r)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.writer.close()
+        self.thread.join(timeout=1)  # EOF comes when the server (and what it started) is gone
+
+    def tail(self) -> str:
+        return self._tail.decode("utf-8", "replace").strip()
+
+
+class _Probe:
+    """What one stdio session leaves for a failure report: its server process and stderr tap."""
+
+    def __init__(self) -> None:
+        self.processes: list[Any] = []
+        self.tap: _StderrTap | None = None
+
+    def report(self) -> str:
+        """' (exit code N; stderr ended with: ...)' for a server that is gone, else ''."""
+        parts = []
+        code = next((getattr(p, "returncode", None) for p in self.processes), None)
+        if code is not None:
+            parts.append(f"the server exited with code {code}")
+        tail = self.tap.tail() if self.tap is not None else ""
+        if tail:
+            parts.append("its stderr ended with: " + tail[-600:].replace("\n", " | "))
+        return f" ({'; '.join(parts)})" if parts else ""
+
+
+# The SDK does not hand back the server process; the hook records it (per task, through a context
+# variable) so that a server that died can be reported with its exit code.
+_SPAWNED: contextvars.ContextVar[list | None] = contextvars.ContextVar("envace_mcp_spawned", default=None)
+
+
+def _hook_spawn() -> None:
+    import mcp.client.stdio as stdio
+
+    original = getattr(stdio, "_create_platform_compatible_process", None)
+    if original is None or getattr(original, "_envace_hook", False):
+        return
+
+    async def spawn(*args: Any, **kwargs: Any) -> Any:
+        process = await original(*args, **kwargs)
+        sink = _SPAWNED.get()
+        if sink is not None:
+            sink.append(process)
+        return process
+
+    spawn._envace_hook = True  # type: ignore[attr-defined]
+    stdio._create_platform_compatible_process = spawn
+
+
 @asynccontextmanager
-async def _client(spec: MCPSpec) -> AsyncIterator[Any]:
+async def _client(spec: MCPSpec, probe: _Probe | None = None) -> AsyncIterator[Any]:
     """An entered ``mcp.Client``: over streamable HTTP, or a stdio server started now (and
     stopped when the context exits) with its stderr where ``spec.stderr`` says."""
     mcp = _require_sdk()
@@ -94,11 +181,16 @@ async def _client(spec: MCPSpec) -> AsyncIterator[Any]:
         return
     from mcp.client.stdio import stdio_client
 
+    _hook_spawn()
+    probe = probe or _Probe()
+    _SPAWNED.set(probe.processes)
     params = mcp.StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
                                        env={**os.environ, **spec.env} if spec.env else None, cwd=spec.cwd)
     with contextlib.ExitStack() as files:
-        errlog = files.enter_context(open(spec.stderr, "a", encoding="utf-8")) if spec.stderr else _stderr(files)
-        async with mcp.Client(stdio_client(params, errlog=errlog), read_timeout_seconds=spec.timeout_s,
+        sink = files.enter_context(open(spec.stderr, "a", encoding="utf-8")) if spec.stderr else _stderr(files)
+        probe.tap = _StderrTap(sink)
+        files.callback(probe.tap.close)
+        async with mcp.Client(stdio_client(params, errlog=probe.tap.writer), read_timeout_seconds=spec.timeout_s,
                               mode="legacy") as client:
             yield client
 
@@ -142,8 +234,13 @@ def tool_spec(tool: Any) -> ToolSpec:
     schema = getattr(tool, "input_schema", None) or getattr(tool, "inputSchema", None) or {}
     schema = dict(schema) if isinstance(schema, dict) else {"type": "object", "properties": {}}
     schema.setdefault("type", "object")
+    annotations = getattr(tool, "annotations", None)
+    if annotations is not None and hasattr(annotations, "model_dump"):
+        annotations = annotations.model_dump(by_alias=True, exclude_none=True, mode="json")
+    annotations = {k: v for k, v in (annotations or {}).items() if k != "title"} if isinstance(annotations, dict) else {}
     return ToolSpec.model_validate({"type": "function", "function": {
-        "name": tool.name, "description": tool.description or "", "parameters": schema}})
+        "name": tool.name, "description": tool.description or "", "parameters": schema},
+        **({"annotations": annotations} if annotations else {})})
 
 
 class _Loop:
@@ -185,12 +282,16 @@ class _Session:
                 me.cancel()
 
         watchdog = asyncio.get_running_loop().call_later(spec.startup_timeout_s, too_slow)
+        probe = _Probe()
+        reset_tool = self.world.reset_tool
         try:
-            async with _client(spec) as client:
-                if spec.reset_tool:
-                    reset = await client.call_tool(spec.reset_tool, dict(self.env.args))
+            async with _client(spec, probe) as client:
+                if reset_tool:
+                    reset = await client.call_tool(reset_tool, dict(self.env.args))
                     if getattr(reset, "is_error", False) or getattr(reset, "isError", False):
-                        raise RuntimeError(f"reset tool {spec.reset_tool!r} failed: {result_value(reset)}")
+                        raise RuntimeError(f"reset tool {reset_tool!r} failed: {result_value(reset)}")
+                elif self.env.args:
+                    self.world.warn_args_ignored(self.env.args)
                 opened = True
                 watchdog.cancel()
                 while True:
@@ -199,13 +300,15 @@ class _Session:
                         return
                     name, args, fut = item
                     try:
-                        value = result_value(await client.call_tool(name, args))
+                        value = self.world.results.apply(name, result_value(await client.call_tool(name, args)))
                     except Exception as e:  # a call timed out, the server died, a protocol error
                         value = tool_error(ENVIRONMENT_ERROR, f"MCP server: {type(e).__name__}: {e}"[:500])
                     fut.set_result(value)
         except BaseException as e:  # could not start, crashed, or cancelled
             if self.dead is None:
-                self.dead = f"the MCP server failed: {type(e).__name__}: {e}"[:500]
+                when = "" if opened else " before the session opened"
+                self.dead = (f"the MCP server failed{when}: {type(e).__name__}: {e}"[:400]
+                             + (probe.report() if not opened else ""))[:1200]
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
         finally:
@@ -246,6 +349,11 @@ class MCPWorld(WorldProvider):
         self._loop: _Loop | None = None
         self._tools: list[ToolSpec] | None = None
         self._lock = threading.Lock()
+        # The tool each episode's session calls with env.args: the spec's, else the server's 'reset'
+        # tool if it lists one (known once the tools are listed). Never offered to the agent.
+        self.reset_tool: str | None = spec.reset_tool
+        self.results = ResultPolicy(self.spec, spec.max_result_chars, setting="max_result_chars (in the MCP world's settings)")
+        self._warned_args = False
 
     @property
     def loop(self) -> _Loop:
@@ -259,8 +367,10 @@ class MCPWorld(WorldProvider):
         if self._tools is None:
             spec = self.spec_model
 
-            async def listing() -> list[ToolSpec]:
-                async with _client(spec) as client:
+            probe = _Probe()
+
+            async def listing() -> list[Any]:
+                async with _client(spec, probe) as client:
                     tools = []
                     cursor = None
                     while True:
@@ -268,21 +378,43 @@ class MCPWorld(WorldProvider):
                         tools.extend(page.tools)
                         cursor = getattr(page, "next_cursor", None) or getattr(page, "nextCursor", None)
                         if not cursor:
-                            return [tool_spec(t) for t in tools if t.name != spec.reset_tool]
+                            return tools
 
             fut = self.loop.submit(listing())
             try:
-                self._tools = fut.result(timeout=spec.startup_timeout_s + spec.timeout_s)
+                listed = fut.result(timeout=spec.startup_timeout_s + spec.timeout_s)
             except FutureTimeout:
                 fut.cancel()
                 raise ValueError(f"{self.spec}: the MCP server did not list its tools within "
                                  f"{spec.startup_timeout_s + spec.timeout_s:g} s") from None
             except Exception as e:
-                raise ValueError(f"{self.spec}: could not list the MCP server's tools: {type(e).__name__}: {e}") from None
+                raise ValueError(f"{self.spec}: could not list the MCP server's tools: {type(e).__name__}: "
+                                 f"{str(e)[:300]}{probe.report()}") from None
+            names = {t.name for t in listed}
+            if spec.reset_tool is not None and spec.reset_tool not in names:
+                raise ValueError(f"{self.spec}: reset_tool {spec.reset_tool!r} is not a tool of the server "
+                                 f"(its tools: {', '.join(sorted(names))})")
+            if self.reset_tool is None and "reset" in names:
+                self.reset_tool = "reset"
+            self._tools = [tool_spec(t) for t in listed if t.name != self.reset_tool]
         return [ToolSpec.model_validate(t.model_dump()) for t in self._tools]
 
     def open(self, env: EnvRef) -> MCPEnvironment:
         return MCPEnvironment(self, env)
+
+    def args_ignored(self) -> str | None:
+        self.tools()  # the reset tool is known once the tools are listed
+        if self.reset_tool is None:
+            return (f"{self.spec} has no reset tool: name one (reset_tool in the world's settings) or give the "
+                    "server a tool named 'reset', else every episode runs on the server's default state")
+        return None
+
+    def warn_args_ignored(self, args: dict) -> None:
+        if not self._warned_args:
+            self._warned_args = True
+            warnings.warn(f"{self.spec}: task env.args {sorted(args)} reach nothing: the server has no reset tool "
+                          "(set reset_tool, or add a tool named 'reset'); episodes run on its default state",
+                          RuntimeWarning, stacklevel=2)
 
     def shutdown(self) -> None:
         if self._loop is not None:
