@@ -24,7 +24,8 @@ from collections import defaultdict
 from _common import make_parser, start
 from envace.experiments.config import load_config
 from envace.experiments.stats import paired_gain
-from envace.experiments.train_job import evaluate_real, grpo_pool, real_eval_tasks
+from envace.experiments.tasksets import real_eval_tasks
+from envace.experiments.train_job import evaluate_real, grpo_pool
 from envace.policy.loading import load_model
 
 

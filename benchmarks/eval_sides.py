@@ -17,7 +17,8 @@ from _common import make_parser, median, start
 from eval_checkpoints import per_task
 from envace.experiments.config import load_config
 from envace.experiments.stats import paired_gain
-from envace.experiments.train_job import evaluate_real, real_eval_tasks
+from envace.experiments.tasksets import real_eval_tasks
+from envace.experiments.train_job import evaluate_real
 from envace.policy.loading import load_model
 
 

@@ -23,7 +23,7 @@ from envace.core.types import solved
 from envace.experiments.config import parse_config
 from envace.experiments.report import eval_task_success
 from envace.experiments.rundir import RunDir
-from envace.experiments.train_job import real_eval_tasks
+from envace.experiments.tasksets import real_eval_tasks
 
 
 def templates(run: RunDir) -> dict[str, str]:

@@ -147,7 +147,8 @@ def test_a_killed_run_resumes_and_redoes_the_lost_step_identically(tmp_path):
 
 
 def test_grpo_draws_from_train_tasks_the_warm_start_did_not_imitate(tmp_path):
-    from envace.experiments.train_job import rl_tasks, sft_tasks, train_tasks
+    from envace.experiments.tasksets import train_tasks
+    from envace.experiments.train_job import rl_tasks, sft_tasks
 
     cfg = load_config(_cfg(tmp_path), ["sft.trajectories=5"])
     pool = train_tasks(cfg)
@@ -162,7 +163,8 @@ def test_grpo_draws_from_train_tasks_the_warm_start_did_not_imitate(tmp_path):
 
 def test_the_warm_start_renders_its_simulator_samples_in_the_runs_simulator_context(tmp_path):
     # The rehearse role must be SFT'd in the context it will see during RL and eval.
-    from envace.experiments.train_job import sft_tasks, train_tasks, warm_start_samples
+    from envace.experiments.tasksets import train_tasks
+    from envace.experiments.train_job import sft_tasks, warm_start_samples
     from envace.policy.loading import load_model
 
     _, tok = load_model("tiny")
@@ -180,7 +182,8 @@ def test_the_warm_start_renders_its_simulator_samples_in_the_runs_simulator_cont
 
 
 def test_rl_pool_keeps_grpo_on_the_same_few_tasks_and_the_eval_can_run_on_them(tmp_path):
-    from envace.experiments.train_job import rl_tasks, train_tasks
+    from envace.experiments.tasksets import train_tasks
+    from envace.experiments.train_job import rl_tasks
 
     cfg = load_config(_cfg(tmp_path), ["steps=3", "rl_pool=3", "eval.split=pool", "eval.tasks=5",
                                        "out=" + str(tmp_path / "p")])
@@ -357,7 +360,8 @@ def test_the_copy_warmup_of_a_run_copies_its_real_tool_results(tmp_path):
 def test_the_eval_can_average_several_sampled_episodes_per_task(tmp_path):
     """eval.samples: k real-world episodes per task at eval.temperature, success averaged over all
     of them, and the share of tasks any episode solved; greedy k > 1 is refused (all the same)."""
-    from envace.experiments.train_job import eval_tasks, evaluate_real
+    from envace.experiments.tasksets import eval_tasks
+    from envace.experiments.train_job import evaluate_real
     from envace.policy.loading import load_model
 
     with pytest.raises(ConfigError, match=r"field 'eval': .*eval.samples > 1 needs eval.temperature > 0"):
@@ -560,7 +564,8 @@ def _flat_or_not(task_id: str, rewards: list[float]):
 def test_dynamic_sampling_rolls_out_fresh_tasks_until_enough_groups_have_signal(tmp_path):
     """Groups whose episodes all scored alike are dropped; more rounds of fresh tasks run until
     tasks_per_step groups have signal, or the rounds or the pool run out."""
-    from envace.experiments.train_job import StepRollouts, dynamic_sampling, step_tasks, train_tasks
+    from envace.experiments.tasksets import step_tasks, train_tasks
+    from envace.experiments.train_step import StepRollouts, dynamic_sampling
     from envace.train.advantages import compute_advantages
 
     base = load_config(_cfg(tmp_path), ["tasks_per_step=3", "dynamic_sampling=2"])
@@ -621,7 +626,8 @@ def test_the_anchor_in_a_run_trains_on_the_warm_starts_samples_without_grpo_sign
     steps on the step's anchor samples, drawn from the warm start's own SFT samples; the same
     draw on a rerun. Without oracle references it says so at the start."""
     from envace.experiments.config import BenchTrainConfig
-    from envace.experiments.train_job import anchor_pool, run_policy, step_anchor
+    from envace.experiments.train_job import anchor_pool, run_policy
+    from envace.experiments.train_step import step_anchor
 
     over = ["steps=2", "grpo.anchor_coef=1.0", "grpo.anchor_samples=3", "eval.at_start=false"]
     cfg = load_config(_cfg(tmp_path), over + ["out=" + str(tmp_path / "a")])

@@ -7,7 +7,8 @@ from envace.core.prompts import PromptStyle
 from envace.envs.registry import world_names
 from envace.envs.tasks import load_tasks
 from envace.rollout.actors import ActorTurn, OracleActor, PolicyActor
-from envace.rollout.engine import RolloutConfig, run_episodes, truncated_fractions
+from envace.rollout.diagnostics import truncated_fractions
+from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import ModelSource, RealSource
 
 
@@ -121,7 +122,7 @@ def test_json_tool_format_renders_schemas(tiny_backend):
 
 
 def test_cut_off_turns_are_counted_per_role_and_short_ones_never_count_as_loops(tiny_backend):
-    from envace.rollout.engine import ends_in_loop, truncation_counts
+    from envace.rollout.diagnostics import ends_in_loop, truncation_counts
 
     tasks = load_tasks("shop", "train", limit=2)
     source = ModelSource(tiny_backend, name="rehearsal", max_new_tokens=6, temperature=0.0)
@@ -133,7 +134,7 @@ def test_cut_off_turns_are_counted_per_role_and_short_ones_never_count_as_loops(
 
 
 def test_ends_in_loop():
-    from envace.rollout.engine import ends_in_loop
+    from envace.rollout.diagnostics import ends_in_loop
 
     varied = list(range(100))
     assert not ends_in_loop(varied)

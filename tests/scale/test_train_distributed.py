@@ -36,7 +36,8 @@ from envace.core.types import ChecklistItem, Trajectory
 from envace.experiments.config import parse_config
 from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
-from envace.experiments.train_job import CKPT_DIR, prepare, rl_tasks, step_tasks, train_tasks
+from envace.experiments.tasksets import step_tasks, train_tasks
+from envace.experiments.train_job import CKPT_DIR, prepare, rl_tasks
 from envace.policy.loading import load_model
 from envace.train.advantages import advantage_stats, compute_advantages
 from envace.train.step import update_for_mode

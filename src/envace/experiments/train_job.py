@@ -20,42 +20,33 @@ from transformers import AutoTokenizer
 
 from envace.core.prompts import PromptStyle
 from envace.core.types import Task, Trajectory
-from envace.experiments.bench_train import BenchTaskSet, bench_episodes, bench_task_set
+from envace.experiments.bench_train import BenchTaskSet, bench_episodes
 from envace.experiments.config import TrainConfig
 from envace.experiments.metrics_log import MetricsLog
 from envace.experiments.trackers import json_config, make_trackers
-from envace.envs.registry import spec_label
 from envace.experiments.eval_models import run_config, train_style
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
 from envace.experiments.rollout_backends import rollout_backends
 from envace.experiments.models import RunModels, frozen_copy, load_frozen, load_policy, split_for_mode, with_lora
 from envace.experiments.progress import JobClock, StepProgress
+from envace.experiments.report import write_train_report
 from envace.experiments.rundir import RunDir
-from envace.experiments.tasks import select_tasks
+from envace.experiments.tasksets import (eval_kind, eval_tasks, has_real_world, real_eval_tasks, sampled_pool,  # noqa: F401
+                                         task_set, train_tasks)
+from envace.experiments.train_step import Trainer, own_forward_logprobs, train_step
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
 from envace.policy.threads import AdaptiveThreads
 from envace.policy.transformers_backend import TransformersBackend, generation_dtype
-from envace.rollout.engine import (
-    RolloutConfig,
-    Truncation,
-    log_turns,
-    run_episodes,
-    truncated_fractions,
-    truncation_counts,
-)
+from envace.rollout.diagnostics import Truncation, truncated_fractions, truncation_counts
+from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
 from envace.rollout.sources import RealSource
-from envace.testtime.memory import make_memory_writer
-from envace.testtime.rehearsal import episodes_with_memory
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
 from envace.train.copy_warmup import copy_warmup, data_vocabulary
-from envace.train.forward import recompute_logprobs
 from envace.train.sft import oracle_sft_samples, run_sft, target_turn_lengths
 from envace.train import distributed as dist
-from envace.train.advantages import ScoredSample, groups_with_signal
-from envace.train.collectives import reduce_sum
-from envace.train.step import UpdaterConfig, update_for_mode, updaters_for_mode, warmup_lr
+from envace.train.step import UpdaterConfig, updaters_for_mode
 
 SFT_DIR = "sft"
 CKPT_DIR = "checkpoints"
@@ -78,36 +69,6 @@ def generation_settings(cfg: TrainConfig, temperature: float | None = None) -> G
                               temperature=r.temperature if temperature is None else temperature,
                               simulator_temperature=r.simulator_temperature if temperature is None else temperature,
                               top_p=r.top_p, max_batch=r.max_batch, style=prompt_style(cfg))
-
-
-def train_tasks(cfg: TrainConfig) -> list[Task]:
-    return select_tasks(",".join(cfg.worlds), "train", None, cfg.task_file, cfg.difficulties, cfg.tool_distractors,
-                        cfg.n_examples, cfg.grounding, cfg.tasks_per_world, real_world=cfg.world)
-
-
-def eval_tasks(cfg: TrainConfig) -> list[Task]:
-    return select_tasks(",".join(cfg.worlds), cfg.eval.split, cfg.eval.tasks, cfg.task_file, cfg.difficulties,
-                        cfg.tool_distractors, cfg.n_examples, cfg.grounding, cfg.tasks_per_world, real_world=cfg.world)
-
-
-def has_real_world(task: Task, cfg: TrainConfig) -> bool:
-    return (task.env is not None and task.env.world is not None) or cfg.world is not None
-
-
-def eval_kind(cfg: TrainConfig, tasks: list[Task]) -> str:
-    """``real``: the eval tasks run in their real environment; ``rehearsal``: none has one (a
-    schema-only task file and no --world), so the policy answers its own calls and success is
-    judged on what a trajectory shows (called / answer_contains / judge items)."""
-    if cfg.bench is not None:
-        return "real"
-    real = [has_real_world(t, cfg) for t in tasks]
-    if all(real):
-        return "real"
-    if not any(real):
-        return "rehearsal"
-    missing = next(t.id for t, r in zip(tasks, real) if not r)
-    raise ValueError(f"{real.count(False)} of the {len(tasks)} eval tasks have no real world (e.g. {missing}) and "
-                     "the others do: give the run a world (--world / world:) or every task its env")
 
 
 def sft_possible(cfg: TrainConfig, tasks: list[Task]) -> bool:
@@ -139,11 +100,6 @@ def anchor_pool(cfg: TrainConfig, tokenizer: Any) -> list:
     return warm_start_samples(cfg, tasks, tokenizer)
 
 
-def step_anchor(samples: list, cfg: TrainConfig, step: int) -> list:
-    """A step's anchor samples: a function of (seed, step), so every rank and a resumed run agree."""
-    return random.Random(cfg.seed * 1_000_033 + step).sample(samples, min(cfg.grpo.anchor_samples, len(samples)))
-
-
 def rl_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
     """The tasks GRPO draws from: by default the train tasks the warm start did not imitate.
     A small model re-solves its SFT tasks from memory (far above its test success; figures in
@@ -156,32 +112,10 @@ def rl_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
     return fresh or pool
 
 
-def grpo_pool(cfg: TrainConfig, bench: BenchTaskSet | None = None) -> list[Task]:
-    """The tasks GRPO draws its steps from: with ``rl_pool``, a fixed sample of them (seeded)."""
-    pool = bench.train if bench is not None else rl_tasks(cfg, train_tasks(cfg))
-    if cfg.rl_pool is not None:
-        pool = random.Random(cfg.seed).sample(pool, min(cfg.rl_pool, len(pool)))
-    return pool
-
-
-def real_eval_tasks(cfg: TrainConfig, pool: list[Task], bench: BenchTaskSet | None = None) -> list[Task]:
-    """The tasks of the real-world eval: held-out ones, or with ``eval.split: pool`` the first of
-    the GRPO pool (does training carry over to the real worlds on the tasks it trains on?)."""
-    if cfg.eval.split == "pool":
-        return pool[:cfg.eval.tasks]
-    return bench.test[:cfg.eval.tasks] if bench is not None else eval_tasks(cfg)
-
-
-def step_tasks(pool: list[Task], cfg: TrainConfig, step: int, round_: int = 0,
-               drawn: frozenset[str] = frozenset()) -> list[Task]:
-    """The tasks of one step: a function of (seed, step) only, so a resumed run draws the same.
-    ``round_`` > 0 (``dynamic_sampling``): that round's fresh tasks, none of ``drawn`` (the ids of
-    the step's earlier rounds); fewer, or none, when the pool runs out."""
-    if round_ == 0:
-        return random.Random(cfg.seed * 1_000_003 + step).sample(pool, min(cfg.tasks_per_step, len(pool)))
-    rest = [t for t in pool if t.id not in drawn]
-    rng = random.Random((cfg.seed * 1_000_003 + step) * 1_009 + round_)
-    return rng.sample(rest, min(cfg.tasks_per_step, len(rest)))
+def grpo_pool(cfg: TrainConfig) -> list[Task]:
+    """The tasks GRPO draws its steps from (the embedded worlds' or a task file's; a benchmark's:
+    tasksets.BenchTasks): with ``rl_pool``, a fixed sample of them (seeded)."""
+    return sampled_pool(cfg, rl_tasks(cfg, train_tasks(cfg)))
 
 
 def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: TrainConfig,
@@ -245,64 +179,6 @@ class FlatGroups:
                      f"adv_zero_frac/caller{entropy}). "
                      "More varied episodes help: a higher rollout.temperature or group_size, or a shorter warm start; "
                      "dynamic_sampling: N rolls out more tasks until enough groups have signal")
-
-
-@dataclass
-class StepRollouts:
-    """What a step rolled out (this rank's share of it) and which of it trains."""
-
-    trajectories: list[Trajectory]  # every round's
-    scored: list[ScoredSample]  # every round's samples, flat groups too
-    tasks: list[Task]  # every round's tasks, all ranks', in draw order
-    tokens_per_s: float
-    rounds: int = 1
-    signal: set[str] | None = None  # dynamic_sampling: the groups that train (None: all of them)
-    groups_trained: int | None = None  # of them, over all ranks
-
-    def to_train(self) -> list[ScoredSample]:
-        return self.scored if self.signal is None else [s for s in self.scored if s.sample.group_id in self.signal]
-
-
-def dynamic_sampling(cfg: TrainConfig, pool: list, step: int, first: StepRollouts, roll: Any,
-                     accelerator: Any | None = None) -> StepRollouts:
-    """DAPO's dynamic sampling: only task groups with signal (a sample with non-zero advantage)
-    train; while fewer than ``tasks_per_step`` of them are in hand, up to ``cfg.dynamic_sampling``
-    more rounds of ``tasks_per_step`` fresh tasks are rolled out. ``roll(step, round, tasks)``
-    rolls out this rank's share of a round's tasks. Every group with signal trains: a step trains
-    from none up to twice ``tasks_per_step`` groups."""
-    got, speeds = first, [first.tokens_per_s]
-    while True:
-        signal = groups_with_signal(got.scored)
-        have = int(reduce_sum(accelerator, [float(len(signal))])[0])
-        if have >= cfg.tasks_per_step or got.rounds > cfg.dynamic_sampling:
-            break
-        more = step_tasks(pool, cfg, step, got.rounds, frozenset(t.id for t in got.tasks))
-        if not more:  # the pool is used up
-            break
-        new = roll(step, got.rounds, more)
-        speeds.append(new.tokens_per_s)
-        got = StepRollouts(got.trajectories + new.trajectories, got.scored + new.scored, got.tasks + more,
-                           0.0, got.rounds + 1)
-    got.tokens_per_s = sum(speeds) / len(speeds)
-    got.signal, got.groups_trained = signal, have
-    return got
-
-
-def _kv_counts(*backends: Any) -> tuple[int, int]:
-    """(prompt tokens reused from kept key/value caches, prompt tokens asked for) so far, over
-    the distinct backends that keep caches (rollout.kv_reuse_tokens)."""
-    stores = {id(s): s for b in backends if (s := getattr(b, "kv_store", None)) is not None}
-    return sum(s.reused_tokens for s in stores.values()), sum(s.prompt_tokens for s in stores.values())
-
-
-def describe_eval(cfg: TrainConfig, kind: str, n: int) -> str:
-    if kind == "rehearsal":
-        return (f"evaluation: rehearsal-judged on {n} {cfg.eval.split} tasks (no real environment: the policy "
-                "rehearses the tool responses; only called / answer_contains / judge items count)")
-    where = f"world {spec_label(cfg.world)}" if cfg.world is not None and cfg.bench is None else "the tasks' own worlds"
-    if cfg.bench is not None:
-        where = f"benchmark {cfg.bench.name}"
-    return f"evaluation: real-world on {n} {cfg.eval.split} tasks ({where})"
 
 
 def run_policy(cfg: TrainConfig, saved: Path | None = None) -> tuple[torch.nn.Module, Any]:
@@ -419,36 +295,13 @@ class TrainState:
     accelerator: Any | None = None  # several processes (accelerate); None: one process
 
 
-def _recompute_logprobs(cfg: TrainConfig, spec: Any, updaters: dict, tok: Any, scored: list) -> float:
-    """The rollout log-probs of the samples each update will run (``GRPOUpdater.forwarded``),
-    scored again by the model it trains (see forward.recompute_logprobs); the largest gap."""
-    temps = _updater_config(cfg, tok).role_temperatures()
-    gap = 0.0
-    for key, samples in spec.split_by_model(scored).items():
-        up = updaters[key]
-        for role in ("caller", "simulator"):
-            mine = [x.sample for x in up.forwarded(samples) if x.sample.role == role]
-            if mine:
-                temp = temps[role] if isinstance(temps, dict) else temps
-                gap = max(gap, recompute_logprobs(up.model, mine, temp, up.config.pad_id,
-                                                  up.config.micro_batch_tokens, up.config.mixed_precision))
-    return gap
-
-
 def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
     """The updater's frozen settings, built once: the ``grpo`` section's fields of the same name,
     the sampler's temperatures (so new and old log-probs compare) and the pad id."""
     return UpdaterConfig.from_sections(cfg.grpo, temperature=cfg.rollout.temperature,
                                        simulator_temperature=cfg.rollout.simulator_temperature,
                                        pad_id=tokenizer.pad_token_id or 0, mixed_precision=cfg.mixed_precision,
-                                       old_logprobs="current" if _own_forward_logprobs(cfg) else "sampler")
-
-
-def _own_forward_logprobs(cfg: TrainConfig) -> bool:
-    """Rollouts whose log-probs the trainer must score itself, updated once per batch: the update's
-    own forward gives those log-probs (the PPO ratio is 1 at the first optimiser step), so no
-    separate scoring pass runs. With several ``ppo_epochs`` the later epochs need them stored first."""
-    return cfg.rollout.recomputes_logprobs and cfg.grpo.ppo_epochs == 1
+                                       old_logprobs="current" if own_forward_logprobs(cfg) else "sampler")
 
 
 def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any | None = None,
@@ -557,17 +410,6 @@ def _truncate_logs(run: RunDir, step: int) -> None:
             save_jsonl(path, [r for r in rows if r.get("step", 0) <= step])
 
 
-def memory_split(trajs: list[Trajectory], plain: int) -> dict[str, float]:
-    """Success and reward of the episodes with a rehearsal memory (index >= ``plain``) and without."""
-    out: dict[str, float] = {}
-    for name, part in (("plain", [t for t in trajs if t.trajectory_index < plain]),
-                       ("memory", [t for t in trajs if t.trajectory_index >= plain])):
-        if part:
-            out[f"success/{name}"] = sum(t.solved for t in part) / len(part)
-            out[f"reward/{name}"] = sum(t.reward for t in part) / len(part)
-    return out
-
-
 def _tag(trajs: list[Trajectory], step: int, kind: str) -> list[dict]:
     return [{"step": step, "kind": kind, **t.model_dump(mode="json", exclude_none=True)} for t in trajs]
 
@@ -610,10 +452,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     plan = job_plan(cfg, resume is not None)
     clock = job_clock(cfg, resume is not None)
     log("plan: " + " -> ".join(f"{i}/{len(plan)} {name} ({what})" for i, (name, what) in enumerate(plan, 1)))
-    if cfg.bench is not None and cfg.sft.enabled and cfg.sft.init_from is None:
-        raise ValueError("sft.enabled: the SFT warm start imitates the embedded worlds' scripted oracle; with "
-                         "bench: set sft.enabled: false, or sft.init_from a warm start")
-    bench = bench_task_set(cfg.bench) if cfg.bench is not None else None
+    tasks = task_set(cfg, rl_tasks)
     st = prepare(cfg, resume, log, acc, clock, threads)
     run, models = st.run, st.models
     metrics_log = None
@@ -627,21 +466,15 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if anchors:
         log(f"anchor: {cfg.grpo.anchor_samples} of the warm start's {len(anchors)} SFT samples per step, "
             f"weight {cfg.grpo.anchor_coef}")
-    pool = grpo_pool(cfg, bench)
-    held_out = real_eval_tasks(cfg, pool, bench)
-    kind = eval_kind(cfg, held_out)
-    if cfg.source == "real" and bench is None and not all(has_real_world(t, cfg) for t in pool):
-        raise ValueError("source real: the train tasks have no real world; give the run one (--world / world:) "
-                         "or train by rehearsal")
-    log(describe_eval(cfg, kind, len(held_out)))
-    gen = generation_settings(cfg)
+    # the eval's tasks and kind; evaluate_real still takes the benchmark's task set itself
+    held_out, kind, bench = tasks.held_out, tasks.kind, getattr(tasks, "bench", None)
+    log(tasks.describe_eval())
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
-    device = _device(acc, cfg)
+    device = dist.device(acc, cfg.device)
     sim_model = models.for_role("simulator")
     if cfg.source == "simulator":
         sim_model = st.start_model if cfg.sim_model is None else load_frozen(cfg.sim_model)
     backends = rollout_backends(cfg, models, sim_model, tok, device, run.path)
-    caller_backend, sim_backend = backends.caller, backends.simulator
     if backends.pushers:
         log(f"rollouts on {cfg.rollout.backend} ({cfg.rollout.server_url or cfg.model}); the trainer's weights are "
             f"pushed before the first rollout and after every update"
@@ -653,9 +486,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
 
     watch_train, watch_eval = TruncationWatch(cfg, log), TruncationWatch(cfg, log, " in the eval")
 
-    judge = make_judge(cfg.judge, caller_backend)
-    # One real source for the run (training with source real, and every eval): worlds resolve once.
-    real = RealSource(cfg.world)
+    judge = make_judge(cfg.judge, backends.caller)
+    real = tasks.real  # the run's one real source (training with source real, and every eval)
+    trainer = Trainer(cfg, tasks, models, st.updaters, backends, generation_settings(cfg), eos_ids, judge, anchors, acc)
 
     def do_eval(step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -674,76 +507,11 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if eval0:
         log(f"step 0 {kind} eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
     bar = StepProgress("train", total=cfg.steps, start=st.start_step, clock=clock) if main else None
-    # Rollouts the trainer must score itself: in the update's own forward, or in a pass before it.
-    own = _own_forward_logprobs(cfg)
-    separate = backends.recompute and not own
-    memory_writer = make_memory_writer(cfg.memory_style)  # used when memory_episodes > 0
     flat = FlatGroups(log if main else None)
-
-    def roll(step: int, round_: int, tasks: list[Task]) -> StepRollouts:
-        """One rollout round of ``tasks``: this rank rolls out its share (all of them in one process)."""
-        mine = dist.shard_tasks(tasks, acc)
-        # Rollouts depend on (seed, step, round) only: resumable. Rank 0 keeps the seed, others shift it.
-        step_seed = dist.rank_seed(cfg.seed * 10_007 + step + 100_003 * round_, acc)
-        actor = make_actor(caller_backend, gen, step_seed)
-        # Rehearsal uses the simulator-role model (the policy itself in share mode).
-        source = real if cfg.source == "real" else make_source(cfg.source, sim_backend, gen, step_seed,
-                                                               simulator=sim_backend)
-        if bench is not None:  # the benchmark's episode loop and scorer; source "real": its environment
-            trajs, tok_s = bench_episodes(bench, mine, actor, None if cfg.source == "real" else source,
-                                          caller_backend, step_seed, cfg.group_size)
-        else:
-            # memory_episodes 0: one batch; else the group's last k see a memory of its first G-k.
-            trajs, rstats, _ = episodes_with_memory(
-                mine, actor, source, RolloutConfig(group_size=cfg.group_size, max_turns=cfg.rollout.max_turns),
-                cfg.memory_episodes, memory_writer, judge=judge)
-            tok_s = rstats.tokens_per_second
-        # Advantages centred over every rank's samples of each (task, role) group.
-        scored = dist.compute_advantages_global(acc, trajs, norm_by_std=cfg.grpo.norm_by_std,
-                                                empty_penalty=cfg.grpo.empty_penalty, content_free_ids=eos_ids,
-                                                format_bonus=cfg.grpo.sim_format_reward)
-        return StepRollouts(trajs, scored, list(tasks), tok_s)
-
     for step in range(st.start_step + 1, cfg.steps + 1):
         threads.check()
-        t0 = time.perf_counter()
-        kv0 = _kv_counts(caller_backend, sim_backend)
-        got = roll(step, 0, step_tasks(pool, cfg, step))
-        if cfg.dynamic_sampling:
-            got = dynamic_sampling(cfg, pool, step, got, roll, acc)
-        trajs, tok_s, scored = got.trajectories, got.tokens_per_s, got.to_train()
-        t_roll = time.perf_counter() - t0
-        kv1 = _kv_counts(caller_backend, sim_backend)
-        gap = _recompute_logprobs(cfg, models.spec, st.updaters, tok, scored) if separate else None
-        ustats = update_for_mode(models.spec, st.updaters, scored,
-                                 lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps),
-                                 anchor=step_anchor(anchors, cfg, step) if anchors else ())
-        backends.sync()  # the serving engine generates the next rollouts with the new weights
-        t_total = time.perf_counter() - t0
-        rolled = dist.gather_objects(acc, [(tok_s, t_roll)])
-        trajs = _in_task_order(dist.gather_trajectories(acc, trajs), got.tasks, acc)
-        row: dict[str, Any] = {"phase": "train", "step": step, "reward": sum(t.reward for t in trajs) / len(trajs),
-                               "success": sum(t.solved for t in trajs) / len(trajs),
-                               "tool_calls": sum(t.tool_calls for t in trajs) / len(trajs),
-                               "parse_failures": sum(t.parse_failures for t in trajs) / len(trajs),
-                               "sim_format_failures": sum(t.sim_format_failures for t in trajs) / len(trajs),
-                               "gen_tokens_per_s": sum(r[0] for r in rolled),
-                               "rollout_s": max(r[1] for r in rolled),
-                               "update_s": t_total - t_roll, "step_s": t_total}
-        row.update(truncated_fractions(trajs))
-        if kv1[1] > kv0[1]:  # rollout.kv_reuse_tokens: the share of prompt tokens not prefilled again
-            row["kv_reused"] = (kv1[0] - kv0[0]) / (kv1[1] - kv0[1])
-        if cfg.memory_episodes:  # does the memory help, episode for episode of the same tasks?
-            row.update(memory_split(trajs, cfg.group_size - cfg.memory_episodes))
-        if own:  # the update measured it in its forward
-            gap = max((v for k, v in ustats.items() if k.endswith("/logprob_gap_max")), default=0.0)
-        if gap is not None:
-            row["logprob_gap_max"] = gap  # engine vs trainer, on this rank's samples
+        row, trajs = train_step(trainer, step)
         watch_train.add(trajs)
-        row.update(dist.global_advantage_stats(acc, got.scored))  # every group rolled out, flat ones too
-        if got.groups_trained is not None:
-            row.update({"rollout_rounds": float(got.rounds), "groups_trained": float(got.groups_trained)})
-        row.update(ustats)
         flat.check(step, row)
         checkpoint = step % cfg.checkpoint.every == 0 or step == cfg.steps
         # Every rank: under FSDP gathering the optimiser state is a collective.
@@ -759,7 +527,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
             raise RuntimeError(f"step {step}: the ranks' weights differ (a rank started from other weights or "
                                "optimiser state); the checkpoint holds rank 0's")
         shown = {"R_caller": row.get("reward/caller"), "R_sim": row.get("reward/simulator"),
-                 "kl": _first(ustats, "kl"),
+                 "kl": _first(row, "kl"),
                  "tok/s": row["gen_tokens_per_s"]}
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.steps:
             shown.update({"eval": do_eval(step)["eval/success"]})
@@ -773,8 +541,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if final_missing:
         final = do_eval(cfg.steps)
         log(f"final {kind} eval (step {cfg.steps}): {final}")
-    real.close()
-    from envace.experiments.report import write_train_report
+    tasks.close()
 
     if main:
         metrics_log.close()

@@ -360,6 +360,27 @@ def gather_trajectories(accelerator: Any | None, trajectories: list[Trajectory])
     return gather_objects(accelerator, trajectories)
 
 
+def gather_in_task_order(accelerator: Any | None, trajectories: list[Trajectory],
+                         tasks: Sequence[Any]) -> list[Trajectory]:
+    """Every rank's trajectories, back in the order of ``tasks`` (each with an ``id``); one process:
+    ``trajectories`` as they are."""
+    if num_processes(accelerator) == 1:
+        return trajectories
+    index = {t.id: i for i, t in enumerate(tasks)}
+    gathered = gather_trajectories(accelerator, trajectories)
+    return sorted(gathered, key=lambda t: (index.get(t.task_id, len(index)), t.trajectory_index))
+
+
+def device(accelerator: Any | None, preference: str = "auto") -> Any:
+    """The torch device this process computes on: the accelerator's rank device, else
+    ``preference`` (``auto``: cuda when available, else cpu)."""
+    if accelerator is not None:
+        return accelerator.device
+    if preference == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return preference
+
+
 # ---------------------------------------------------------------------------- advantages
 
 
