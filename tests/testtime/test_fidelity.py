@@ -127,7 +127,8 @@ def test_tiny_model_fidelity_end_to_end(tiny_backend, oracle):
     # the history each case carries is the real one: earlier calls and their real results
     first, second = [c for c in cases if c.task_id == tasks[0].id][:2]
     assert first.earlier == [] and second.earlier == [(first.call, first.real_text)]
-    source = ModelSource(tiny_backend, record_samples=False, max_new_tokens=8, temperature=0.0)
+    source = ModelSource(tiny_backend, record_samples=False, max_new_tokens=8, temperature=0.0,
+                         examples_as_recorded=False)  # the model alone
     pairs = measure_fidelity(tasks, cases, source)
     assert len(pairs) == len(cases) and all(p.gen_tokens > 0 for p in pairs)
     again = measure_fidelity(tasks, cases, source)
@@ -146,3 +147,35 @@ def test_fidelity_needs_real_trajectories(oracle):
     fake = trajs[0].model_copy(update={"source": "rehearsal"})
     with pytest.raises(ValueError, match="real trajectories"):
         cases_from_trajectories(tasks, [fake], "oracle")
+
+
+def test_recorded_calls_answered_as_recorded_and_the_examples_measured(tiny_backend, oracle):
+    """With examples_as_recorded (the default) the oracle's calls that a task's examples record
+    are answered from the record, not generated; each such pair says whether the record equals
+    what the real world returned. Example cases rehearse the recorded calls with the record off."""
+    from envace.rollout.sources import example_for
+    from envace.testtime.fidelity import example_cases
+
+    tasks, trajs = oracle
+    cases = cases_from_trajectories(tasks, trajs, "oracle")
+    by_id = {t.id: t for t in tasks}
+    recorded = [c for c in cases if example_for(by_id[c.task_id], c.call) is not None]
+    assert recorded, "covering grounding records some reference read calls"
+    pairs = measure_fidelity(tasks, cases, ModelSource(tiny_backend, record_samples=False, max_new_tokens=8,
+                                                       temperature=0.0))
+    for c, p in zip(cases, pairs):
+        mine = example_for(by_id[c.task_id], c.call)
+        assert p.as_recorded == (mine is not None) and (p.gen_tokens == 0) == (mine is not None)
+        if mine is not None:  # the real world answered these from the same initial state
+            assert p.recorded_exact is not None and p.match.exact == p.recorded_exact
+            assert json.loads(p.rehearsed) == mine.result
+        else:
+            assert p.recorded_exact is None
+    (row,) = summarize_fidelity(pairs, ("origin",))
+    assert row["as_recorded"] == pytest.approx(len(recorded) / len(cases)) and row["recorded_n"] == len(recorded)
+    ex_cases = example_cases(tasks)
+    assert len(ex_cases) == sum(len(t.examples) for t in tasks) and all(c.origin == "example" for c in ex_cases)
+    ex_pairs = measure_fidelity(tasks, ex_cases, ModelSource(tiny_backend, record_samples=False, max_new_tokens=8,
+                                                             temperature=0.0, examples_as_recorded=False))
+    assert all(p.gen_tokens > 0 and not p.as_recorded for p in ex_pairs)
+    assert measure_fidelity(tasks, ex_cases, ReplayWorldModel())[0].match.exact  # the record is the initial state

@@ -62,6 +62,12 @@ class RolloutSettings(_Section):
                                                   "rollouts and evals with a copy of the policy in this dtype "
                                                   "(bfloat16: faster on CPUs with AVX512-BF16 and on GPUs); the "
                                                   "trainer keeps its own weights and recomputes the log-probs")
+    examples_as_recorded: bool = Field(True, description="a rehearsed call that matches one of the task's "
+                                       "recorded examples (same tool, same arguments after JSON normalisation) is "
+                                       "answered with the recorded result, not generated")
+    example_reward: bool = Field(False, description="rehearse-role samples of calls that match a recorded "
+                                 "example are rewarded by how well they reproduce the recorded result (0..1, "
+                                 "centred in a pool of their own) instead of by the trajectory's reward")
 
     @property
     def recomputes_logprobs(self) -> bool:
@@ -150,6 +156,10 @@ class EvalConfig(_Section):
     samples: int = Field(1, ge=1, description="episodes per task; with temperature > 0 success is averaged over "
                          "them: an estimate of the sampling policy's success, far less noisy than one greedy "
                          "episode per task (a greedy eval moves in whole tasks)")
+    rehearsal_gap: bool = Field(True, description="where the eval tasks have a real world, also run them with the "
+                                "policy rehearsing the responses (judged as a rehearsal step judges) and measure "
+                                "its fidelity on the real calls and the recorded examples: eval/rehearsal_success "
+                                "beside eval/success")
 
     @model_validator(mode="after")
     def _samples_need_sampling(self) -> EvalConfig:

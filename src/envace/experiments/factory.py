@@ -23,6 +23,8 @@ class GenerationSettings:
     top_p: float = 1.0
     max_batch: int = 16
     style: PromptStyle = field(default_factory=PromptStyle)
+    examples_as_recorded: bool = True  # rollout.examples_as_recorded
+    example_reward: bool = False  # rollout.example_reward
 
 
 def load_backend(spec: str, max_batch: int = 16) -> TransformersBackend:
@@ -50,7 +52,8 @@ def make_source(name: str, policy: Any, gen: GenerationSettings, seed: int | Non
                        max_new_tokens=gen.simulator_max_new_tokens,
                        temperature=gen.temperature if gen.simulator_temperature is None else gen.simulator_temperature,
                        top_p=gen.top_p,
-                       seed=None if seed is None else seed + 104729)
+                       seed=None if seed is None else seed + 104729, examples_as_recorded=gen.examples_as_recorded,
+                       example_reward=gen.example_reward)
 
 
 def make_judge(cfg: Any, policy: Any | None = None) -> Any:

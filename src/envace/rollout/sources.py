@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from envace.core import safejson
+from envace.core.errors import is_error
 from envace.core.prompts import PromptStyle, render_simulator_prompt
 from envace.core.safejson import clean_text
 from envace.core.toolcall import RESULT_CLOSE, parse_execution_result
-from envace.core.types import EnvRef, Source, Task, ToolCall, TurnSample
+from envace.core.types import EnvRef, Example, Source, Task, ToolCall, ToolSpec, TurnSample
+from envace.core.validate import schema_error
 from envace.envs.provider import WorldProvider
 from envace.envs.registry import resolve_world, spec_key
 from envace.core.sampling import SamplingParams
@@ -127,12 +131,114 @@ class _Opened:
         return getattr(self.environment, "calls", [])
 
 
+def _normal(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {str(k): _normal(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normal(v) for v in value]
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """The JSON text two equal values share: keys sorted, ``1.0`` written as ``1`` (booleans stay
+    booleans), no spaces. Values JSON cannot write compare by their text."""
+    try:
+        return json.dumps(_normal(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return json.dumps(str(value), ensure_ascii=False)
+
+
+def example_for(task: Task, call: ToolCall) -> Example | None:
+    """The task's first recorded example of this exact call: the same tool and the same arguments
+    after JSON normalisation (key order, ``1`` vs ``1.0``); None when no example records it."""
+    if not task.examples:
+        return None
+    key = canonical_json(call.arguments)
+    for ex in task.examples:
+        if ex.tool == call.name and canonical_json(ex.arguments) == key:
+            return ex
+    return None
+
+
+def output_schema_of(spec: ToolSpec | None) -> dict[str, Any] | None:
+    """The tool's declared output shape: an ``output_schema`` / ``outputSchema`` (MCP's name) on the
+    tool or its function; None when none is declared."""
+    if spec is None:
+        return None
+    for holder in (spec.function, spec):
+        for key in ("output_schema", "outputSchema"):
+            found = getattr(holder, key, None)
+            if found is None:
+                found = (getattr(holder, "model_extra", None) or {}).get(key)
+            if isinstance(found, dict) and found:
+                return found
+    return None
+
+
+def output_shape_error(task: Task, call: ToolCall, value: Any) -> str | None:
+    """Why a result does not fit the tool's declared output shape, or None (it fits, the tool
+    declares none, or the result is a structured tool error, which any tool may return)."""
+    schema = output_schema_of(task.tool(call.name))
+    if schema is None or is_error(value):
+        return None
+    return schema_error(value, schema)
+
+
+def _leaves(value: Any, path: str = "") -> list[str]:
+    """(path, scalar) leaves of a JSON value, list positions left out (an order-free multiset)."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{path}/{k}")]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v, path + "/*")] or [path + "=[]"]
+    return [path + "=" + canonical_json(value)]
+
+
+def example_match_score(recorded: Any, text: str, format_ok: bool = True) -> float:
+    """How well a rehearsed response (its text) reproduces a recorded result, in [0, 1]: 1 for the
+    same JSON value, 0 for output that is not JSON in the tags, else the F1 of their (path, value)
+    leaves (a missing field and an invented one both cost). The rehearse role's reward for a call
+    that matches a recorded example where ``rollout.example_reward`` is on."""
+    if not format_ok:
+        return 0.0
+    value, why = safejson.loads(text) if isinstance(text, str) else (None, "not text")
+    if why is not None:
+        return 0.0
+    if canonical_json(value) == canonical_json(recorded):
+        return 1.0
+    want, got = _leaves(recorded), _leaves(value)
+    common = sum((Counter(want) & Counter(got)).values())
+    if not common:
+        return 0.0
+    precision, recall = common / len(got), common / len(want)
+    return 2 * precision * recall / (precision + recall)
+
+
+class SimulatorSample(TurnSample):
+    """A rehearse-role turn for a call that matches a recorded example, with ``example_match``
+    (:func:`example_match_score` against the recorded result): the sample's reward in place of
+    its trajectory's where the run trains the rehearse role on recorded results."""
+
+    example_match: float | None = None
+
+
 @dataclass
 class ModelSource:
     """A model writing tool responses under the simulator prompt.
 
     ``record_samples`` is what separates rehearsal (the policy; its turns are trained) from the
     external simulator (frozen; nothing recorded).
+
+    Grounding in what the task gives: with ``examples_as_recorded`` a call that matches a recorded
+    example (:func:`example_for`) is answered with the recorded result (the model does not
+    generate it unless ``example_reward`` asks for a training sample), so a recorded call is never
+    rehearsed into something else. A generated result that does not fit the tool's declared
+    output shape (:func:`output_shape_error`) reaches the caller as written but counts as a
+    format failure (``format_ok`` False, the reason in ``extra["shape_error"]``), as non-JSON
+    output does: the trajectory counts it and ``grpo.sim_format_reward`` does not pay it. With
+    ``example_reward`` each recorded sample carries ``example_match``.
     """
 
     backend: Any
@@ -143,29 +249,60 @@ class ModelSource:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    examples_as_recorded: bool = True
+    example_reward: bool = False
 
     def start(self, task: Task) -> Any:
         return None
 
+    def _generates(self, example: Example | None) -> bool:
+        return example is None or not self.examples_as_recorded or (self.example_reward and self.record_samples)
+
     def respond(self, requests: list[ToolRequest]) -> list[ToolResponse]:
         if not requests:
             return []
-        tok = self.backend.tokenizer
-        prompts = [render_simulator_prompt(tok, r.task, r.call, r.earlier, self.style) for r in requests]
-        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                top_p=self.top_p, stop=[RESULT_CLOSE], seed=self.seed)
-        t0 = time.perf_counter()
-        gens = self.backend.generate(prompts, params)
-        per = (time.perf_counter() - t0) / len(requests)
-        prefix = "<execution_result>" if self.style.prefill_result_tag else ""
-        out = []
-        for r, p, g in zip(requests, prompts, gens):
-            parsed = parse_execution_result(prefix + g.text)
-            sample = None
-            if self.record_samples:
-                sample = TurnSample(role="simulator", group_id=r.task.id, trajectory_index=r.trajectory_index,
-                                    turn=r.turn, prompt_ids=p, gen_ids=list(g.token_ids),
-                                    logprobs=list(g.logprobs), finish=g.finish, format_ok=parsed.ok)
-            out.append(ToolResponse(text=parsed.text, rehearsed=True, format_ok=parsed.ok, sample=sample,
-                                    gen_seconds=per, extra={"gen_tokens": len(g.token_ids)}))
-        return out
+        grounded = self.examples_as_recorded or self.example_reward
+        examples = [example_for(r.task, r.call) if grounded else None for r in requests]
+        out: list[ToolResponse | None] = [None] * len(requests)
+        todo = [i for i, ex in enumerate(examples) if self._generates(ex)]
+        if todo:
+            tok = self.backend.tokenizer
+            prompts = {i: render_simulator_prompt(tok, requests[i].task, requests[i].call, requests[i].earlier,
+                                                  self.style) for i in todo}
+            params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                    top_p=self.top_p, stop=[RESULT_CLOSE], seed=self.seed)
+            t0 = time.perf_counter()
+            gens = self.backend.generate([prompts[i] for i in todo], params)
+            per = (time.perf_counter() - t0) / len(todo)
+            prefix = "<execution_result>" if self.style.prefill_result_tag else ""
+            for i, g in zip(todo, gens):
+                out[i] = self._response(requests[i], examples[i], prompts[i], g, prefix, per)
+        for i, ex in enumerate(examples):
+            if out[i] is None:  # answered as recorded, nothing generated
+                out[i] = ToolResponse(text=dump_result(ex.result), rehearsed=True, extra={"as_recorded": True})
+        return out  # type: ignore[return-value]
+
+    def _response(self, r: ToolRequest, example: Example | None, prompt: list[int], g: Any, prefix: str,
+                  seconds: float) -> ToolResponse:
+        parsed = parse_execution_result(prefix + g.text)
+        shape = output_shape_error(r.task, r.call, parsed.value) if parsed.ok else None
+        ok = parsed.ok and shape is None
+        extra: dict[str, Any] = {"gen_tokens": len(g.token_ids)}
+        if shape is not None:
+            extra["shape_error"] = shape
+        match = None
+        if example is not None and self.example_reward:
+            match = example_match_score(example.result, parsed.text, ok)
+            extra["example_match"] = match
+        sample = None
+        if self.record_samples:
+            fields_ = dict(role="simulator", group_id=r.task.id, trajectory_index=r.trajectory_index, turn=r.turn,
+                           prompt_ids=prompt, gen_ids=list(g.token_ids), logprobs=list(g.logprobs),
+                           finish=g.finish, format_ok=ok)
+            sample = SimulatorSample(**fields_, example_match=match) if match is not None else TurnSample(**fields_)
+        if example is not None and self.examples_as_recorded:
+            extra["as_recorded"] = True  # the caller sees the recorded result; the sample is still scored
+            return ToolResponse(text=dump_result(example.result), rehearsed=True, sample=sample,
+                                gen_seconds=seconds, extra=extra)
+        return ToolResponse(text=parsed.text, rehearsed=True, format_ok=ok, sample=sample, gen_seconds=seconds,
+                            extra=extra)

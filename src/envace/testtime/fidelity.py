@@ -17,6 +17,13 @@ compared with what the real world returned:
 * ``error_agree`` — both are errors or both are not; ``code_match`` — same error code when both
   are errors.
 
+*Example cases* (origin ``example``) rehearse each of a task's recorded examples with no history
+and compare with its recorded result: can the rehearse role answer a recorded call as recorded
+(the prompt shows the example)? Each pair also says whether the call matched a recorded example
+(``as_recorded``: the source answered it from the example) and, for calls of real trajectories,
+whether the recorded result equals what the real world returned (``recorded_exact``: how far
+answering recorded calls as recorded can be trusted).
+
 *Error probes* add calls the real world rejects: an id argument of a real call replaced by an id
 that does not exist, with the real response taken from a fresh world replayed to that point; the
 oracle never errs, so without probes the error metric only sees successes.
@@ -36,7 +43,7 @@ from envace.core.errors import error_code, is_error
 from envace.core.types import Task, ToolCall, Trajectory, trajectory_calls
 from envace.core.validate import validate_call
 from envace.envs.probes import error_probes
-from envace.rollout.sources import ResponseSource, ToolRequest
+from envace.rollout.sources import ResponseSource, ToolRequest, dump_result, example_for
 from envace.testtime.fields import important_fields
 
 
@@ -158,6 +165,8 @@ class FidelityPair(BaseModel):
     rehearsed: str
     gen_tokens: int = 0
     match: ResponseMatch
+    as_recorded: bool = False  # the source answered from a recorded example of this call
+    recorded_exact: bool | None = None  # the call matches an example: its recorded result equals the real one
 
 
 def _world_of(task: Task) -> str:
@@ -183,6 +192,15 @@ def cases_from_trajectories(tasks: list[Task], trajectories: Iterable[Trajectory
                                         earlier=list(earlier), real_text=answer.content))
             earlier.append((call, answer.content))
     return out
+
+
+def example_cases(tasks: list[Task]) -> list[FidelityCase]:
+    """Each recorded example of ``tasks`` as a call to rehearse with no history, its recorded result
+    as the answer (origin ``example``). Rehearse them with a source that does not answer recorded
+    calls as recorded (``examples_as_recorded=False``), or every pair is exact by construction."""
+    return [FidelityCase(task_id=t.id, world=_world_of(t), origin="example", position=i,
+                         call=ToolCall(name=ex.tool, arguments=ex.arguments), real_text=dump_result(ex.result))
+            for t in tasks for i, ex in enumerate(t.examples)]
 
 
 def error_probe_cases(tasks: list[Task], trajectories: Iterable[Trajectory], max_per_trajectory: int = 1
@@ -218,10 +236,13 @@ def measure_fidelity(tasks: list[Task], cases: list[FidelityCase], simulator: Re
     out = []
     for c, r in zip(cases, responses):
         _, real = _load(c.real_text)
+        example = example_for(by_id[c.task_id], c.call) if c.origin != "example" else None
         out.append(FidelityPair(task_id=c.task_id, world=c.world, tool=c.call.name, origin=c.origin,
                                 position=c.position, arguments=c.call.arguments, real=c.real_text,
                                 rehearsed=r.text, gen_tokens=int(r.extra.get("gen_tokens", 0)),
-                                match=compare_responses(real, r.text, r.format_ok)))
+                                match=compare_responses(real, r.text, r.format_ok),
+                                as_recorded=bool(r.extra.get("as_recorded")),
+                                recorded_exact=None if example is None else json_equal(real, example.result)))
     return out
 
 
@@ -258,6 +279,9 @@ def summarize_fidelity(pairs: Iterable[FidelityPair | dict[str, Any]], by: tuple
             "error_agree": _mean([m.error_agree for m in ms]),
             "code_match": _mean(codes), "real_errors": sum(m.real_error for m in ms),
             "rehearsed_errors": sum(m.rehearsed_error for m in ms),
+            "as_recorded": _mean([p.as_recorded for p in ps]),
+            "recorded_exact": _mean([p.recorded_exact for p in ps if p.recorded_exact is not None]),
+            "recorded_n": sum(p.recorded_exact is not None for p in ps),
         })
         rows.append(row)
     return rows

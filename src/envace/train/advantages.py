@@ -76,21 +76,34 @@ def compute_advantages(
             r = sample_reward(s, traj.reward, empty_penalty, content_free_ids)
             if format_bonus and s.role == "simulator" and s.format_ok:
                 r += format_bonus
+            if _example_match(s) is not None:  # rollout.example_reward: scored against the recorded result
+                r = _example_match(s)
             scored.append((s, r))
 
-    pools: dict[tuple[str, Role], list[float]] = defaultdict(list)
+    pools: dict[tuple[str, Role, bool], list[float]] = defaultdict(list)
     for s, r in scored:
-        pools[(s.group_id, s.role)].append(r)
+        pools[_pool(s)].append(r)
     centring = {key: _pool_centring(rs, norm_by_std, eps) for key, rs in pools.items()}
 
     out: list[ScoredSample] = []
     for s, r in scored:
         if roles is not None and s.role not in roles:
             continue
-        mean, scale = centring[(s.group_id, s.role)]
+        mean, scale = centring[_pool(s)]
         adv = 0.0 if scale == 0.0 else (r - mean) / scale
         out.append(ScoredSample(sample=s, advantage=adv, reward=r))
     return out
+
+
+def _example_match(sample: TurnSample) -> float | None:
+    """A rehearse-role sample's match against a recorded result (rollout.example_reward), else None."""
+    return getattr(sample, "example_match", None) if sample.role == "simulator" else None
+
+
+def _pool(sample: TurnSample) -> tuple[str, Role, bool]:
+    # Samples rewarded by example match are centred among themselves: their 0..1 match and the
+    # trajectory's success are different scales, and one pool would shift the other's advantages.
+    return sample.group_id, sample.role, _example_match(sample) is not None
 
 
 def _pool_centring(rewards: Sequence[float], norm_by_std: bool, eps: float) -> tuple[float, float]:
