@@ -1,22 +1,26 @@
 """What the HTTP hop costs: the same generation in process and through ``envace serve`` on loopback.
 
 Usage: python benchmarks/http_backend_overhead.py [--model tiny] [--prompts 8] [--new-tokens 16]
-                                                   [--concurrency 1 4 8] [--threads N]
+                                                   [--concurrency 1 4 8] [--threads N] [--burst 200]
 
 Rows: in-process batched generate; HTTP one request per prompt at each concurrency (the default
 mode, what vLLM wants: each prompt has its own seed); HTTP one batched request (``batch_prompts``:
 what envace serve wants, since it generates one request at a time). Greedy, fixed prompts; tokens/s
 counts generated tokens. On vLLM/SGLang the per-prompt mode is the fast one (continuous batching).
+``--burst N`` then sends N requests at once (asyncio, one connection each) and counts the answers:
+200s, 503s (queue full, ``--max-queue``) and transport errors (resets), with the wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import os
 import platform
 import time
 
+import httpx2
 import torch
 
 from envace.policy.http_backend import HTTPBackend
@@ -35,6 +39,13 @@ def timed(fn, repeats: int) -> tuple[float, int]:
     return best, tokens
 
 
+async def burst(url: str, n: int, body: dict) -> list:
+    limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx2.AsyncClient(timeout=600, limits=limits) as client:
+        return await asyncio.gather(*(client.post(url + "/completions", json=body) for _ in range(n)),
+                                    return_exceptions=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="tiny")
@@ -43,6 +54,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--burst", type=int, default=0, help="then N concurrent requests at once (0: skip)")
+    parser.add_argument("--max-queue", type=int, default=256)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -61,7 +74,7 @@ def main() -> None:
     backend.generate(prompts[:1], params)  # warm-up
 
     rows = [("in-process batch", lambda: backend.generate(prompts, params))]
-    with OpenAIServer(backend, model_name=args.model) as server:
+    with OpenAIServer(backend, model_name=args.model, max_queue=args.max_queue) as server:
         for c in args.concurrency:
             http = HTTPBackend(server.url, tokenizer=tok, max_concurrency=c)
             rows.append((f"http per-prompt c={c}", lambda http=http: http.generate(prompts, params)))
@@ -71,6 +84,15 @@ def main() -> None:
         for name, fn in rows:
             seconds, tokens = timed(fn, args.repeats)
             print(f"{name:28s} {seconds:8.3f} {tokens:7d} {tokens / seconds:8.1f}")
+        if args.burst:
+            body = {"model": args.model, "prompt": prompts[0], "max_tokens": args.new_tokens, "temperature": 0}
+            start = time.perf_counter()
+            answers = asyncio.run(burst(server.url, args.burst, body))
+            seconds = time.perf_counter() - start
+            codes = [a.status_code if isinstance(a, httpx2.Response) else type(a).__name__ for a in answers]
+            counts = {c: codes.count(c) for c in sorted(set(codes), key=str)}
+            print(f"burst of {args.burst} concurrent requests (max_queue={args.max_queue}): {seconds:.2f} s, "
+                  f"answers {counts}")
 
 
 if __name__ == "__main__":
