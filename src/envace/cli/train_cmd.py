@@ -36,6 +36,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="experiment trackers: tensorboard, wandb (offline unless wandb_mode: online), trackio")
     p.add_argument("--judge-model", default=None, help="local model judging `judge` checklist items")
     p.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint (…/v1) judging `judge` items")
+    p.add_argument("--trust-task-worlds", action="store_true", default=None,
+                   help="let the task file's own env.world entries run code (mcp: commands, .py files, import "
+                        "paths); refused by default (docs/tasks.md)")
 
 
 def _values(args: argparse.Namespace) -> dict:
@@ -43,6 +46,8 @@ def _values(args: argparse.Namespace) -> dict:
     values: dict = {}
     if args.tasks_file:
         values["task_file"] = args.tasks_file
+    if getattr(args, "trust_task_worlds", None):
+        values["trust_task_worlds"] = True
     if args.world:
         values["world"] = args.world
     if args.model:

@@ -199,6 +199,9 @@ class JudgeConfig(_Section):
 
 class TrainConfig(_Section):
     model: str = "smollm2"
+    trust_task_worlds: bool = Field(False, description="let the task file's own env.world entries run code (mcp: "
+                                    "commands, MCP URLs, .py files, import paths); refused by default: a task "
+                                    "file is data (docs/tasks.md)")
     sim_model: str | None = Field(None, description="frozen simulator for source=simulator (default: the start model)")
     seed: int = 0
     worlds: list[str] = Field(default_factory=lambda: ["shop", "calendar", "bank"])

@@ -8,9 +8,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from envace.core.jsonl import load_jsonl
 from envace.core.types import Task
 from envace.envs.registry import resolve_world, spec_key, world_names
+from envace.experiments.task_check import load_checked_tasks
 
 # A task file that marks no task's split holds out every HOLDOUT-th task (by a hash of its id) as
 # test, so a run on a user's file never evaluates on the tasks it trained on.
@@ -75,14 +75,15 @@ def restrict_tools(task: Task, distractors: int) -> Task:
 def select_tasks(world: str | None, split: str = "test", limit: int | None = None,
                  task_file: str | Path | None = None, difficulties: list[int] | None = None,
                  tool_distractors: int | None = None, n_examples: int = 3,
-                 grounding: str = "covering", tasks_per_world: int = 300, real_world: Any = None) -> list[Task]:
+                 grounding: str = "covering", tasks_per_world: int = 300, real_world: Any = None,
+                 trust_task_worlds: bool = False) -> list[Task]:
     """Tasks of ``split`` (train | test | all). ``tool_distractors=None`` shows every tool;
     ``n_examples`` and ``grounding`` set the embedded generator's simulator examples. File tasks
-    without tools take them from their world (``real_world``: the run's ``--world``)."""
+    without tools take them from their world (``real_world``: the run's ``--world``); a file's
+    own worlds that would run code are refused unless ``trust_task_worlds`` (see task_check)."""
     if task_file is not None:
-        from envace.experiments.datasets_io import is_dataset_path, load_task_dataset
-
-        tasks = load_task_dataset(task_file) if is_dataset_path(task_file) else load_jsonl(task_file, Task)
+        # The one loader and check `envace tasks validate` uses: errors refuse the file (one line).
+        tasks = load_checked_tasks(task_file, real_world, trust_task_worlds).tasks
         has_splits = any(t.split is not None for t in tasks)
         if split in ("train", "test"):
             tasks = [t for t in tasks if file_split(t, has_splits) in (None, split)]

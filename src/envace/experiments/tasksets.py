@@ -34,12 +34,14 @@ EvalKind = Literal["real", "rehearsal"]
 
 def train_tasks(cfg: TrainConfig) -> list[Task]:
     return select_tasks(",".join(cfg.worlds), "train", None, cfg.task_file, cfg.difficulties, cfg.tool_distractors,
-                        cfg.n_examples, cfg.grounding, cfg.tasks_per_world, real_world=cfg.world)
+                        cfg.n_examples, cfg.grounding, cfg.tasks_per_world, real_world=cfg.world,
+                        trust_task_worlds=cfg.trust_task_worlds)
 
 
 def eval_tasks(cfg: TrainConfig) -> list[Task]:
     return select_tasks(",".join(cfg.worlds), cfg.eval.split, cfg.eval.tasks, cfg.task_file, cfg.difficulties,
-                        cfg.tool_distractors, cfg.n_examples, cfg.grounding, cfg.tasks_per_world, real_world=cfg.world)
+                        cfg.tool_distractors, cfg.n_examples, cfg.grounding, cfg.tasks_per_world, real_world=cfg.world,
+                        trust_task_worlds=cfg.trust_task_worlds)
 
 
 def has_real_world(task: Task, cfg: TrainConfig) -> bool:
