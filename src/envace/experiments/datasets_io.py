@@ -1,14 +1,19 @@
 """Tasks and trajectories as Hugging Face datasets (Parquet), in and out.
 
 * ``envace export trajectories RUN --to DIR``: a run's trajectories (train rollouts and evals) as
-  a Parquet dataset with a dataset card; ``datasets.load_dataset(DIR)`` reads it back.
-* ``envace export tasks FILE|--world W --to DIR``: tasks likewise.
+  a conversational tool-calling dataset in the OpenAI / TRL shape: a ``messages`` column of
+  ``{role, content, tool_calls, tool_call_id, name, rehearsed}`` (an assistant's calls as
+  ``[{"id", "type": "function", "function": {"name", "arguments"}}]``, arguments as JSON text, as
+  the OpenAI API writes them) and a ``tools`` column, so ``trl.SFTTrainer`` trains on it as it is.
+* ``envace export tasks FILE|--world W --to DIR``: tasks as the HF splits ``train`` and ``test``
+  (``data/train-*.parquet``, ``data/test-*.parquet``).
 * ``--tasks-file`` (train, eval, rollout) takes such a directory or a ``.parquet`` file besides JSONL.
 
-A task's nested fields (tools, checklist, examples, env, reference) are stored as JSON text: their
-shapes differ from task to task (tool schemas, call arguments), which Parquet's fixed column
-types cannot hold; a trajectory's messages and verdicts likewise. Reading accepts both JSON text
-and native nested values.
+JSON text where a value's shape differs row to row: Parquet columns have one type, so nested
+dicts with differing keys (tool schemas, call arguments, checklist items) would be merged into one
+struct of every key seen, ``None`` where a row lacks one, which changes what they say. So a
+task's nested fields, the ``tools`` column (TRL's SFTTrainer ``json.loads`` it) and a call's
+``arguments`` are JSON text. Reading accepts both JSON text and native nested values.
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ from pydantic import ValidationError
 from envace.core.types import Task
 
 TASK_NESTED = ("tools", "checklist", "examples", "env", "reference")
-DATA_FILE = "data/train-00000-of-00001.parquet"
+SPLITS = ("train", "test")
+
+
+def data_file(split: str) -> str:
+    return f"data/{split}-00000-of-00001.parquet"
 
 
 def is_dataset_path(path: str | Path) -> bool:
@@ -36,7 +45,9 @@ def _parquet_files(path: Path) -> list[Path]:
     files = sorted(path.rglob("*.parquet"))
     if not files:
         raise ValueError(f"{path}: a directory without .parquet files (not an exported dataset)")
-    return files
+    # HF split files in split order (train, then test), so a split's rows keep their order
+    rank = {s: i for i, s in enumerate(SPLITS)}
+    return sorted(files, key=lambda f: (rank.get(f.name.split("-", 1)[0], len(SPLITS)), str(f)))
 
 
 def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
@@ -85,10 +96,50 @@ def task_rows(tasks: list[Task]) -> list[dict[str, Any]]:
     return rows
 
 
-def trajectory_rows(records: list[dict[str, Any]], phase: str) -> list[dict[str, Any]]:
+def _openai_messages(msgs: list[dict[str, Any]], task: Task | None) -> list[dict[str, Any]]:
+    """envace's trajectory messages in the OpenAI / TRL shape. Every message has every key (None
+    where it does not apply) so the rows share one Parquet type. With the task known, its caller
+    system prompt comes first (the ``tools`` column is rendered into it by the exported chat
+    template, as training did)."""
+    from envace.core.prompts import CALLER_SYSTEM
+    from envace.core.toolcall import parse_tool_calls
+
+    def msg(role: str, content: str, tool_calls: list | None = None, tool_call_id: str | None = None,
+            name: str | None = None, rehearsed: bool | None = None) -> dict[str, Any]:
+        return {"role": role, "content": content, "tool_calls": tool_calls, "tool_call_id": tool_call_id,
+                "name": name, "rehearsed": rehearsed}
+
+    out = [msg("system", CALLER_SYSTEM.format(domain=task.domain or "customer"))] if task is not None else []
+    pending: list[tuple[str, str]] = []  # (id, name) of the last assistant turn's calls, answered in order
+    for i, m in enumerate(msgs):
+        role, content = m.get("role"), m.get("content") or ""
+        calls = m.get("tool_calls") or []
+        if role == "assistant" and calls:
+            ids = [f"call_{i}_{k}" for k in range(len(calls))]
+            pending = [(cid, c.get("name")) for cid, c in zip(ids, calls)]
+            # the text outside the <tool_call> tags; the calls themselves go structured
+            out.append(msg("assistant", parse_tool_calls(content).content, tool_calls=[
+                {"id": cid, "type": "function", "function": {
+                    "name": c.get("name"), "arguments": json.dumps(c.get("arguments") or {}, ensure_ascii=False)}}
+                for cid, c in zip(ids, calls)]))
+        elif role == "tool":
+            cid, name = pending.pop(0) if pending else (None, None)
+            out.append(msg("tool", content, tool_call_id=cid, name=m.get("name") or name,
+                           rehearsed=m.get("rehearsed")))
+        else:
+            if role == "assistant":
+                pending = []
+            out.append(msg(role, content))
+    return out
+
+
+def trajectory_rows(records: list[dict[str, Any]], phase: str,
+                    tasks: dict[str, Task] | None = None) -> list[dict[str, Any]]:
+    tasks = tasks or {}
     rows = []
     for r in records:
         msgs = r.get("messages") or []
+        task = tasks.get(r.get("task_id"))
         rows.append({
             "task_id": r.get("task_id"), "phase": r.get("phase", phase), "step": r.get("step"),
             "source": r.get("source"), "trajectory_index": r.get("trajectory_index", 0),
@@ -96,36 +147,26 @@ def trajectory_rows(records: list[dict[str, Any]], phase: str) -> list[dict[str,
             "tool_calls": r.get("tool_calls", 0), "parse_failures": r.get("parse_failures", 0),
             "rehearsed_responses": sum(1 for m in msgs if m.get("role") == "tool" and m.get("rehearsed")),
             "real_responses": sum(1 for m in msgs if m.get("role") == "tool" and m.get("rehearsed") is False),
-            "messages": json.dumps(msgs, ensure_ascii=False),
-            "verdicts": json.dumps(r.get("verdicts") or [], ensure_ascii=False),
+            "messages": _openai_messages(msgs, task),
+            "tools": (json.dumps([t.model_dump(mode="json") for t in task.tools], ensure_ascii=False)
+                      if task is not None else None),
+            "verdicts": [{"kind": (v.get("item") or {}).get("kind"), "met": v.get("met"), "detail": v.get("detail", ""),
+                          "item": json.dumps(v.get("item") or {}, ensure_ascii=False)}
+                         for v in r.get("verdicts") or []],
         })
     return rows
 
 
-CARD = """---
-configs:
-- config_name: default
-  data_files: {data_file}
-tags: [envace, {kind}]
----
-
-# {title}
-
-{what} exported by `envace export {kind}` from `{source}`: {n} rows.
-
-Columns: {columns}. Nested values ({nested}) are JSON text (their shapes differ row to row).
-
-```python
-from datasets import load_dataset
-ds = load_dataset("{name}")["train"]
-```
-"""
+def _front_matter(kind: str, splits: list[str]) -> str:
+    files = "".join(f"  - split: {s}\n    path: data/{s}-*\n" for s in splits)
+    return (f"---\nconfigs:\n- config_name: default\n  data_files:\n{files}"
+            f"tags: [envace, {kind}, tool-use]\n---\n")
 
 
-def write_dataset(rows: list[dict[str, Any]], to: str | Path, kind: str, source: str, what: str, nested: tuple,
+def write_dataset(split_rows: dict[str, list[dict[str, Any]]], to: str | Path, kind: str, card_body: str,
                   force: bool = False) -> Path:
-    """Rows as ``DIR/data/*.parquet`` plus a dataset card, written in a temporary sibling and
-    renamed into place (an interrupted export leaves nothing half-written)."""
+    """Rows of each split as ``DIR/data/SPLIT-*.parquet`` plus a dataset card, written in a
+    temporary sibling and renamed into place (an interrupted export leaves nothing half-written)."""
     import shutil
 
     try:
@@ -135,39 +176,128 @@ def write_dataset(rows: list[dict[str, Any]], to: str | Path, kind: str, source:
     target = Path(to).expanduser()
     if target.exists() and any(target.iterdir()) and not force:
         raise FileExistsError(f"export: {target} exists and is not empty (--force replaces it)")
-    if not rows:
-        raise ValueError(f"export: {source} has no rows to export")
+    split_rows = {s: r for s, r in split_rows.items() if r}
+    if not split_rows:
+        raise ValueError(f"export: nothing to export to {target}")
     tmp = target.with_name(f".{target.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "data").mkdir(parents=True)
-    Dataset.from_list(rows).to_parquet(str(tmp / DATA_FILE))
-    (tmp / "README.md").write_text(CARD.format(
-        data_file=DATA_FILE, kind=kind, title=target.name, what=what, source=source, n=len(rows),
-        columns=", ".join(f"`{c}`" for c in rows[0]), nested=", ".join(nested), name=str(target)))
+    for split, rows in split_rows.items():
+        Dataset.from_list(rows).to_parquet(str(tmp / data_file(split)))
+    (tmp / "README.md").write_text(_front_matter(kind, list(split_rows)) + card_body)
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
     return target
 
 
+def run_tasks(run: Path) -> dict[str, Task]:
+    """The tasks a run drew from, by id, rebuilt from its config.yaml (a run records task ids
+    only); empty when they cannot be rebuilt."""
+    import yaml
+
+    from envace.experiments.tasks import select_tasks
+
+    try:
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    if not isinstance(cfg, dict):
+        return {}
+    try:
+        if "worlds" in cfg:  # a training run
+            from envace.experiments.config import TrainConfig
+
+            c = TrainConfig.model_validate(cfg)
+            world, task_file, real_world = ",".join(c.worlds), c.task_file, c.world
+            gen = dict(difficulties=c.difficulties, tool_distractors=c.tool_distractors, n_examples=c.n_examples,
+                       grounding=c.grounding, tasks_per_world=c.tasks_per_world)
+        else:  # an eval or rollout job: the same generator fields where it has them
+            task_file = cfg.get("task_file")
+            world = None if task_file else cfg.get("world")
+            real_world = cfg.get("real_world") or (cfg.get("world") if task_file else None)
+            gen = {k: cfg[k] for k in ("difficulties", "tool_distractors", "n_examples", "grounding",
+                                       "tasks_per_world") if cfg.get(k) is not None}
+        tasks = select_tasks(world, "all", None, task_file, real_world=real_world, **gen)
+    except Exception:  # noqa: BLE001 - a moved task file, an MCP server that is gone: export without tools
+        return {}
+    return {t.id: t for t in tasks}
+
+
+TRAJ_CARD = """
+# {title}
+
+Trajectories exported by `envace export trajectories` from run `{source}`: {n} rows (every caller turn,
+every rehearsed or real tool response, reward and checklist verdicts; `phase` says train or eval).
+
+A conversational tool-calling dataset in the OpenAI / TRL shape: `messages` (role, content, `tool_calls`
+as `[{{"id", "type": "function", "function": {{"name", "arguments"}}}}]` with arguments as JSON text,
+tool messages with `tool_call_id` and `name`; `rehearsed` says whether a tool response was imagined by
+the policy or real) and `tools` (the task's tool schemas as JSON text, which TRL's `SFTTrainer` parses).
+{tools_note}
+```python
+from datasets import load_dataset
+ds = load_dataset("path/to/{title}")["train"]
+from trl import SFTConfig, SFTTrainer  # trains on it as it is
+SFTTrainer(model=..., train_dataset=ds.select_columns(["messages", "tools"]), args=SFTConfig(...)).train()
+```
+
+With an envace-exported model, its chat template renders `tools` into the system message exactly
+as training did; other models' templates render them their own way.
+"""
+
+
 def export_trajectories(run: str | Path, to: str | Path, force: bool = False) -> Path:
     from envace.core.jsonl import read_jsonl_dicts
 
     run = Path(run)
-    rows = []
+    if not run.is_dir():
+        raise FileNotFoundError(f"export: {run}: no such run directory")
+    records: list[tuple[dict[str, Any], str]] = []
     for name, phase in (("trajectories.jsonl", "train"), ("evals.jsonl", "eval"), ("committed.jsonl", "commit")):
         f = run / name
         if f.is_file():
             recs = list(read_jsonl_dicts(f))
             if name == "committed.jsonl":  # an eval run: the trajectory sits inside each row
                 recs = [{**r["trajectory"], "phase": r.get("condition", "commit")} for r in recs if "trajectory" in r]
-            rows += trajectory_rows(recs, phase)
-    if not run.is_dir():
-        raise FileNotFoundError(f"export: {run}: no such run directory")
-    return write_dataset(rows, to, "trajectories", str(run), "Trajectories (every caller turn, every rehearsed "
-                         "or real tool response, reward and verdicts)", ("messages", "verdicts"), force)
+            records += [(r, phase) for r in recs]
+    if not records:
+        raise ValueError(f"export: {run} holds no trajectories (trajectories.jsonl, evals.jsonl, committed.jsonl)")
+    tasks = run_tasks(run)
+    rows = [row for r, phase in records for row in trajectory_rows([r], phase, tasks)]
+    missing = sum(1 for r in rows if r["tools"] is None)
+    note = (f"\n{missing} of {len(rows)} rows have no `tools` and no system message: their tasks could not "
+            "be rebuilt from the run's config.yaml.\n" if missing else "")
+    return write_dataset({"train": rows}, to, "trajectories", TRAJ_CARD.format(
+        title=Path(to).name, source=run.resolve().name, n=len(rows), tools_note=note), force)
+
+
+TASK_CARD = """
+# {title}
+
+Tool-use tasks (instruction, tool schemas, checklist, grounding examples, world) exported by
+`envace export tasks` from `{source}`: {counts}. Nested values ({nested}) are JSON text (their
+shapes differ row to row).
+
+```python
+from datasets import load_dataset
+ds = load_dataset("path/to/{title}")  # DatasetDict: {splits}
+```
+
+`envace train|eval|rollout --tasks-file path/to/{title}` reads it back (both splits; each task
+keeps its `split`).
+"""
 
 
 def export_tasks(tasks: list[Task], to: str | Path, source: str, force: bool = False) -> Path:
-    return write_dataset(task_rows(tasks), to, "tasks", source, "Tool-use tasks (instruction, tool schemas, "
-                         "checklist, grounding examples, world)", TASK_NESTED, force)
+    from envace.experiments.tasks import file_split
+
+    has_splits = any(t.split is not None for t in tasks)
+    split_rows: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    for t, row in zip(tasks, task_rows(tasks)):
+        # an unsplit task of a split file is used by both: it goes to train
+        split_rows[file_split(t, has_splits) or "train"].append(row)
+    counts = ", ".join(f"{len(r)} {s}" for s, r in split_rows.items() if r)
+    return write_dataset(split_rows, to, "tasks", TASK_CARD.format(
+        title=Path(to).name, source=Path(source).name if source else "tasks", counts=counts,
+        nested=", ".join(TASK_NESTED), splits=", ".join(s for s, r in split_rows.items() if r)), force)
