@@ -3,6 +3,7 @@ scripted servers for failures, timeouts and concurrency."""
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import threading
@@ -258,6 +259,19 @@ def test_concurrency_limit_is_respected_and_order_kept():
     assert state["max"] == 2  # parallel, and never more than the limit
 
 
+def test_a_busy_envace_serve_is_waited_for(tiny_backend, caplog):
+    """A full queue answers 503 + Retry-After; the client backs off and gets every answer."""
+    caplog.set_level(logging.INFO, logger="envace.serve")
+    with OpenAIServer(_ScriptedBackend(tiny_backend.tokenizer, "ok", delay=0.02), model_name="tiny",
+                      max_queue=1) as server:
+        with HTTPBackend(server.url, tokenizer=tiny_backend.tokenizer, max_concurrency=8, max_retries=50,
+                         **FAST) as http:
+            gens = http.generate([[1, 2]] * 8, SamplingParams(max_new_tokens=2))
+    assert [g.text for g in gens] == ["ok"] * 8
+    assert len(server.backend.prompts) == 8  # each generated once: the refused ones never reached the model
+    assert any(r.getMessage().startswith("POST /v1/completions 503") for r in caplog.records)
+
+
 def test_api_key_from_environment(monkeypatch, tiny_backend):
     seen = []
 
@@ -287,6 +301,13 @@ def test_server_rejects_bad_requests(tiny_server):
         http._request("POST", "/completions", {"model": "tiny", "prompt": [1, 2], "max_tokens": 0})
     with pytest.raises(HTTPBackendError, match="HTTP 404"):
         http._request("POST", "/embeddings", {})
+    with pytest.raises(HTTPBackendError, match="HTTP 405: GET is not allowed"):
+        http._request("GET", "/completions")
+    with pytest.raises(HTTPBackendError, match="HTTP 400: tools must be"):
+        http._request("POST", "/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                    "tools": [{"type": "function", "function": "get"}]})
+    with pytest.raises(HTTPBackendError, match="HTTP 400: messages must be"):
+        http._request("POST", "/chat/completions", {"messages": "hi"})
 
 
 def test_base_url_forms_and_cli_registration():
@@ -320,12 +341,14 @@ class _FakeTok:
 class _ScriptedBackend:
     """A GenerationBackend that always writes ``text`` (then EOS) and records its prompts."""
 
-    def __init__(self, tokenizer, text: str) -> None:
+    def __init__(self, tokenizer, text: str, delay: float = 0.0) -> None:
         self.tokenizer = tokenizer
         self.text = text
+        self.delay = delay
         self.prompts: list[list[int]] = []
 
     def generate(self, prompts, params):
+        time.sleep(self.delay)
         self.prompts.extend(prompts)
         ids = list(self.tokenizer(self.text, add_special_tokens=False)["input_ids"]) + [self.tokenizer.eos_token_id]
         return [Generation(token_ids=ids, logprobs=[-0.1] * len(ids), text=self.text, finish="stop") for _ in prompts]

@@ -309,6 +309,12 @@ class OpenAIServer:
             raise RequestError(f"response_format type {req.response_format.get('type')!r} is not supported: "
                                "envace serve cannot constrain the output (only 'text')", param="response_format")
         tools = req.tools or None
+        for t in tools or []:
+            fn = t.get("function")
+            if t.get("type", "function") != "function" or not isinstance(fn, dict) \
+                    or not isinstance(fn.get("name"), str):
+                raise RequestError("tools must be a list of {'type': 'function', 'function': {'name': ..., ...}}",
+                                   param="tools")
         prefill = ""  # text the answer is made to start with, so that the model calls a tool
         choice = req.tool_choice
         if choice in (None, "auto"):
@@ -320,8 +326,9 @@ class OpenAIServer:
                 raise RequestError("tool_choice needs tools", param="tool_choice")
             prefill = f"{CALL_OPEN}\n"
             if isinstance(choice, dict):
-                name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
-                known = [(t.get("function") or {}).get("name") for t in tools]
+                fn = choice.get("function") if choice.get("type") == "function" else None
+                name = fn.get("name") if isinstance(fn, dict) else None
+                known = [t["function"]["name"] for t in tools]
                 if name not in known:
                     raise RequestError(f"tool_choice must name one of the tools {known}, got {choice!r}",
                                        param="tool_choice")
@@ -516,8 +523,9 @@ class OpenAIServer:
 
         async def not_found(request: Request, exc: Exception) -> Response:
             status = getattr(exc, "status_code", 404)
-            kind = "not_found_error" if status == 404 else "invalid_request_error"
-            return _error(status, f"no route {request.method} {request.url.path}", kind)
+            if status == 405:
+                return _error(405, f"{request.method} is not allowed on {request.url.path}")
+            return _error(status, f"no route {request.method} {request.url.path}", "not_found_error")
 
         routes = [Route("/health", health), Route("/v1/health", health), Route("/v1/models", models),
                   Route("/v1/completions", self._endpoint(CompletionRequest, self._complete, _completion_json,
@@ -571,10 +579,13 @@ class OpenAIServer:
                     wait = max(1, math.ceil(self._seconds * self._pending))
                     return _error(503, f"the server is busy ({self._pending} requests queued); retry after "
                                        f"{wait} s", "server_busy", headers={"Retry-After": str(wait)})
-                result = await self._on_worker(run, req, count=True)
+                # The answer is built on the worker too (it decodes tokens: the tokenizer stays on one
+                # thread), and before a stream starts, so that an error is still a JSON answer.
+                answer = await self._on_worker(lambda r: as_events(self, run(r)) if r.stream
+                                               else as_json(run(r), self.model_name), req, count=True)
                 if not req.stream:
-                    return JSONResponse(as_json(result, self.model_name))
-                events = as_events(self, result)  # built before the stream starts: an error is still JSON
+                    return JSONResponse(answer)
+                events = answer
             except RequestError as err:
                 return _error(err.status, str(err), param=err.param, code=err.code)
             except Exception as err:  # noqa: BLE001 - a server error must reach the client as a 500
