@@ -10,24 +10,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a trained model as a plain transformers directory")
     what = p.add_subparsers(dest="what", required=True)
     m = what.add_parser("model", help="RUN or RUN/checkpoints/step-N -> a transformers model dir (LoRA merged, "
-                                      "tokenizer, chat template, model card)")
+                                      "tokenizer, a chat template that renders tools= as training did, model card)")
     m.add_argument("source", help="a training run directory (its latest checkpoint), a checkpoint, or a model dir")
     m.add_argument("--to", required=True, help="the output directory")
     m.add_argument("--role", default="caller", help="caller (default) or simulator: which model of a two-model "
                                                     "checkpoint")
     m.add_argument("--no-merge", dest="merge", action="store_false",
-                   help="keep a LoRA checkpoint as an adapter instead of merging it")
+                   help="keep a LoRA checkpoint as an adapter, with its base model in DIR/base, instead of "
+                        "merging it (peft's AutoPeftModelForCausalLM loads DIR)")
     m.add_argument("--force", action="store_true", help="replace a non-empty --to directory")
     m.set_defaults(func=_export_model)
 
-    t = what.add_parser("trajectories", help="a run's trajectories as a Parquet dataset with a card "
-                                             "(datasets.load_dataset(DIR))")
+    t = what.add_parser("trajectories", help="a run's trajectories as a conversational tool-calling dataset "
+                                             "(OpenAI/TRL messages and tools; datasets.load_dataset(DIR))")
     t.add_argument("run", help="a train, eval or rollout run directory")
     t.add_argument("--to", required=True)
     t.add_argument("--force", action="store_true")
     t.set_defaults(func=_export_trajectories)
 
-    k = what.add_parser("tasks", help="tasks as a Parquet dataset (--tasks-file takes it back)")
+    k = what.add_parser("tasks", help="tasks as a Parquet dataset with train and test splits (--tasks-file "
+                                      "takes it back)")
     k.add_argument("task_file", nargs="?", default=None, help="a JSONL task file (or --world)")
     k.add_argument("--world", default=None, help="embedded world(s): shop, calendar, bank, a comma list or all")
     k.add_argument("--split", default="all", help="train | test | all (default all)")
