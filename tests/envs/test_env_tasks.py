@@ -38,6 +38,8 @@ def met(item: ChecklistItem, calls: list[tuple[ToolCall, dict]], world, answer: 
         return table_digests(world.query) == item.digests
     if item.kind == "answer_plain":
         return 0 < len(answer.strip()) <= item.max_chars and '{"' not in answer
+    if item.kind == "answer_excludes":
+        return sum(t.lower() in answer.lower() for t in item.texts) <= (item.max_found or 0)
     raise AssertionError(item.kind)
 
 

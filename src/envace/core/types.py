@@ -74,9 +74,14 @@ class ChecklistItem(_Strict):
 
     answer_plain: the final answer is a reply, not a dump: non-empty, at most ``max_chars``, no
     pasted JSON tool output (so pasting everything the tools said earns nothing).
+    answer_excludes: the final answer states at most ``max_found`` (default 0) of ``texts``: other
+    records' values, or values nobody asked for, so that an answer listing every value seen fails.
+    writes: the episode's successful write calls are the reference's, tool and arguments (judged
+    on the calls, so also in rehearsal; added by the reward to every task with a ``reference``).
     """
 
-    kind: Literal["called", "state", "answer_contains", "judge", "end_state", "answer_plain"]
+    kind: Literal["called", "state", "answer_contains", "judge", "end_state", "answer_plain",
+                  "answer_excludes", "writes"]
     tool: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     query: str | None = None
@@ -85,6 +90,8 @@ class ChecklistItem(_Strict):
     criterion: str | None = None
     digests: dict[str, str] | None = None
     max_chars: int | None = Field(None, ge=1)
+    texts: list[str] | None = None
+    max_found: int | None = Field(None, ge=0)
 
 
 class Example(_Strict):
@@ -122,6 +129,11 @@ class Reference(_Strict):
 
     calls: list[ReferenceCall] = Field(default_factory=list)
     answer: str = ""
+    # Which tools change state (overrides the tools' annotations; see core.tools), and per tool
+    # the arguments a solution may choose freely: the reward compares every other argument of
+    # every write with the reference's.
+    write_tools: list[str] | None = None
+    free_args: dict[str, list[str]] = Field(default_factory=dict)
 
     @field_validator("calls", mode="before")
     @classmethod

@@ -271,7 +271,7 @@ class CalendarWorld(World):
 
     @tool("Cancel one of your events.",
           {"event_id": prop(ID, "Event id, e.g. 'e-2041'."),
-           "notify_attendees": {"type": "boolean",
+           "notify_attendees": {"type": "boolean", "default": True,
                                 "description": "Email the attendees (default true)."}},
           required=("event_id",), writes=True)
     def cancel_event(self, event_id: str, notify_attendees: bool = True) -> dict:

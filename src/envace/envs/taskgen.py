@@ -18,6 +18,7 @@ from typing import Any
 
 from envace.core.errors import is_error
 from envace.core.types import ChecklistItem, EnvRef, Example, Reference, Task, ToolCall
+from envace.core.values import excludes_items
 from envace.envs.provider import table_digests
 from envace.envs.registry import world_class
 from envace.envs.world import World
@@ -44,6 +45,7 @@ class Draft:
     rng: random.Random
     instruction: str = ""
     calls: list[ToolCall] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)  # what each reference call returned
     checklist: list[ChecklistItem] = field(default_factory=list)
     state_queries: list[str] = field(default_factory=list)
     answer_text: str = ""
@@ -59,6 +61,7 @@ class Draft:
             raise RuntimeError(f"{self.world.name} seed {self.world.seed}: reference call "
                                f"{tool}({arguments}) failed: {result}")
         self.calls.append(ToolCall(name=tool, arguments=arguments))
+        self.results.append(result)
         return result
 
     def expect_call(self, tool: str, **args: Any) -> None:
@@ -130,9 +133,12 @@ def build_task(taskset: TaskSet, index: int, n_examples: int, grounding: str = "
               for q in draft.state_queries]
     # The reference's whole end state: a collateral or unrelated write fails it (tau2's check).
     states.append(ChecklistItem(kind="end_state", digests=table_digests(draft.world.query)))
-    # Answers stay answers: a few times the reference's length, no pasted tool JSON.
+    # Answers stay answers: a few times the reference's length, no pasted tool JSON, and none of
+    # the other records' values the reference saw (an answer listing every value seen fails).
     bound = max(ANSWER_MIN_CHARS, ANSWER_FACTOR * len(draft.answer_text))
     answers = [*draft.answer_items, ChecklistItem(kind="answer_plain", max_chars=bound)]
+    answers += excludes_items([(c.name, r) for c, r in zip(draft.calls, draft.results)], draft.answer_text,
+                              [i.text for i in draft.answer_items if i.text], draft.instruction)
     return Task(
         id=f"{taskset.world}-{index:04d}",
         domain=taskset.world,
@@ -143,7 +149,9 @@ def build_task(taskset: TaskSet, index: int, n_examples: int, grounding: str = "
         env=EnvRef(world=taskset.world, seed=seed),
         split=split_of(seed),  # type: ignore[arg-type]
         difficulty=difficulty,
-        reference=Reference(calls=draft.calls, answer=draft.answer_text),
+        # The world says which tools write: the reward compares the episode's writes with these.
+        reference=Reference(calls=draft.calls, answer=draft.answer_text,
+                            write_tools=sorted(cls.writing_tools)),
     )
 
 
