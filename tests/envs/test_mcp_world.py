@@ -250,6 +250,15 @@ def test_without_a_reset_tool_env_args_are_refused_where_checked_and_warned_at_r
             env.close()
     finally:
         w.shutdown()
+    # tasks validate / a run's loading with this world refuse such tasks, saying why
+    from envace.experiments.task_check import validate_task_file
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "a", "instruction": "x", "env": {"args": {"seed": 3}}}\n'
+                    '{"id": "b", "instruction": "x"}\n')
+    _, problems = validate_task_file(path, world=f"mcp:{sys.executable} {SERVER} --no-reset")
+    assert [(p.line, p.field) for p in problems] == [(1, "env.args")]
+    assert "has no reset tool" in problems[0].message
 
 
 def test_a_reset_tool_is_found_by_name_and_never_offered_to_the_agent(tmp_path):

@@ -133,10 +133,16 @@ def pydantic_hint(hint: Any, memo: dict[int, Any] | None = None) -> Any:
         return memo[id(hint)]
     if isinstance(hint, type) and typing.is_typeddict(hint) and type(hint) is not type(typing_extensions.TypedDict("_X", {})):
         optional = getattr(hint, "__optional_keys__", frozenset())
+        marks = {typing_extensions.NotRequired, typing_extensions.Required}
         fields = {}
-        for k, v in typing.get_type_hints(hint).items():
-            v = pydantic_hint(v, memo)
-            fields[k] = typing_extensions.NotRequired[v] if k in optional else v
+        for k, v in typing.get_type_hints(hint, include_extras=True).items():
+            mark = typing.get_origin(v)
+            if mark in marks:  # NotRequired[...] read from the hint itself (string annotations hide it
+                # from the class's __optional_keys__ before Python 3.12)
+                fields[k] = mark[pydantic_hint(typing.get_args(v)[0], memo)]
+            else:
+                v = pydantic_hint(v, memo)
+                fields[k] = typing_extensions.NotRequired[v] if k in optional else v
         out = typing_extensions.TypedDict(hint.__name__, fields)  # type: ignore[operator]
         out.__doc__ = hint.__doc__
         memo[id(hint)] = out
