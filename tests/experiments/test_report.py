@@ -40,3 +40,53 @@ def test_report_of_a_run_with_no_steps_says_what_is_missing(tmp_path, capsys):
     (run.path / "checkpoints").mkdir()
     assert main(["report", str(run.path)]) == 0
     assert "no training step" not in capsys.readouterr().out
+
+
+def _train_rows(rewards):
+    return [{"phase": "train", "step": i + 1, "reward": r, "success": 0.0, "tool_calls": 1.0,
+             "sim_format_failures": 0.0, "step_s": 1.0, "rollout_s": 0.5, "update_s": 0.5}
+            for i, r in enumerate(rewards)]
+
+
+def _evals(run, step, wins, rehearsal=None):
+    import json
+
+    with (run.path / "evals.jsonl").open("a") as f:
+        for i, w in enumerate(wins):
+            f.write(json.dumps({"step": step, "kind": "eval", "task_id": f"t{i}", "source": "real", "messages": [],
+                                "reward": 1.0 if w else 0.0}) + "\n")
+    row = {"phase": "eval", "step": step, "eval_kind": "real", "eval/success": sum(wins) / len(wins),
+           "eval/reward": sum(wins) / len(wins)}
+    if rehearsal is not None:
+        row.update({"eval/rehearsal_success": rehearsal, "eval/rehearsal_gap": rehearsal - row["eval/success"],
+                    "eval/fidelity_n": 12.0, "eval/fidelity_exact": 0.25, "eval/fidelity_structure": 0.5})
+    run.log_metrics(row)
+
+
+def test_the_summary_says_when_training_reward_rose_and_real_success_did_not(tmp_path):
+    from envace.experiments.report import reward_without_success, write_train_report
+
+    cfg = {"source": "rehearsal", "seed": 0, "steps": 8}
+    flat = RunDir.create(tmp_path / "flat", "train", cfg, seed=0)
+    _evals(flat, 0, [1, 0, 0, 0, 0, 0, 0, 0])
+    for r in _train_rows([0.1, 0.1, 0.2, 0.3, 0.4, 0.5, 0.5, 0.5]):
+        flat.log_metrics(r)
+    _evals(flat, 8, [1, 0, 0, 0, 0, 0, 0, 0], rehearsal=0.5)
+    text = write_train_report(flat).read_text()
+    assert "Training reward rose while real-world success did not." in text
+    assert "from 0.100 (first 2 steps) to 0.500 (last 2)" in text and "moved +0.000" in text
+    assert "succeeds 0.500 when it rehearses" in text and "gap +0.375" in text and "25% of the 12 calls" in text
+    assert "## Rehearsal gap and fidelity" in text and "| 8 | 0.125 | 0.500 | +0.375 | 12 | 0.250 |" in text
+
+    # Real success that rose by more than two paired standard errors: no such paragraph.
+    up = RunDir.create(tmp_path / "up", "train", cfg, seed=0)
+    _evals(up, 0, [0] * 8)
+    for r in _train_rows([0.1, 0.1, 0.2, 0.3, 0.4, 0.5, 0.5, 0.5]):
+        up.log_metrics(r)
+    _evals(up, 8, [1, 1, 1, 1, 1, 1, 0, 0])
+    assert "did not" not in write_train_report(up).read_text()
+    # Flat training reward: nothing to say either.
+    rows = _train_rows([0.3] * 8)
+    ev = [{"step": 0, "eval/success": 0.1}, {"step": 8, "eval/success": 0.1}]
+    assert reward_without_success(cfg, rows, ev) is None
+    assert reward_without_success(cfg, _train_rows([0.0, 0.0, 0.6, 0.6]), ev) is not None

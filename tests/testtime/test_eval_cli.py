@@ -108,7 +108,25 @@ def test_eval_sweep_fidelity_and_report_end_to_end(capsys, tmp_path):
     assert "| sequential-2 | 2 |" in summary and "World-model fidelity" in summary and "viewer.html" in summary
     assert all((run.path / n).stat().st_size > 0 for n in ("sweep.png", "fidelity.png", "viewer.html"))
     metrics = run.metrics()
-    assert {m["phase"] for m in metrics} == {"testtime", "fidelity"}
+    assert {m["phase"] for m in metrics} == {"testtime", "fidelity", "gap"}
+    # The rehearsal gap of the plain run: the same tasks real and rehearsal-judged, side by side.
+    (gap,) = [m for m in metrics if m["phase"] == "gap"]
+    plain = [r for r in committed if r["condition"] == "none"]
+    assert gap["eval/success"] == sum(r["success"] for r in plain) / 2
+    assert 0.0 <= gap["eval/rehearsal_success"] <= 1.0
+    assert gap["eval/rehearsal_gap"] == gap["eval/rehearsal_success"] - gap["eval/success"]
+    assert gap["eval/example_n"] > 0 and 0.0 <= gap["eval/example_exact"] <= 1.0
+    judged = [json.loads(x) for x in (run.path / "rehearsal_judged.jsonl").read_text().splitlines()]
+    assert sorted(t["task_id"] for t in judged) == sorted(r["task_id"] for r in plain)
+    assert all(t["source"] == "rehearsal" for t in judged)
+    fails = [json.loads(x) for x in (run.path / "failures.jsonl").read_text().splitlines()]
+    assert sorted(f["source"] for f in fails) == ["real"] * 2 + ["rehearsal_judged"] * 2
+    assert "## Rehearsal gap" in summary and "| no call |" in summary
+    # --no-rehearsal-gap skips it
+    code, _, err = run_cli(capsys, "eval", "--model", "tiny", "--world", "shop", "--tasks", "1", "--no-rehearsal-gap",
+                           "--out", str(tmp_path), "--name", "nogap", *FAST)
+    assert code == 0, err
+    assert {m["phase"] for m in RunDir.open(tmp_path / "nogap").metrics()} == {"testtime"}
 
 
 def test_single_condition_run(capsys, tmp_path):

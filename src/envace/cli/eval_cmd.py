@@ -52,6 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--simulator-context", default=None, choices=["call", "conversation"],
                    help="what the rehearse role sees (default: the run's prompt.simulator_context, else call): "
                    "conversation adds the user's request and the whole tool list")
+    p.add_argument("--no-rehearsal-gap", action="store_true",
+                   help="skip the rehearsal gap (by default the plain real run is repeated with the model rehearsing "
+                   "every tool response, and its fidelity on the real calls and recorded examples is measured)")
+    p.add_argument("--examples-as-recorded", default=None, choices=["on", "off"],
+                   help="answer a rehearsed call that matches a recorded example with the recorded result (default: "
+                   "the training run's rollout.examples_as_recorded, else on)")
     p.add_argument("--summary-max-new-tokens", type=int, default=96, help="per model-written rehearsal memory")
     p.add_argument("--rehearsal-temperature", type=float, default=0.7)
     p.add_argument("--temperature", type=float, default=0.0, help="committed run (0 = greedy)")
@@ -112,6 +118,7 @@ def _run(args: argparse.Namespace) -> int:
         kv_reuse_tokens=args.kv_reuse_tokens,
         rehearsal_temperature=args.rehearsal_temperature, temperature=args.temperature, max_batch=args.max_batch,
         threads=args.threads, seed=args.seed, out=args.out, name=args.name,
-        simulator_context=args.simulator_context)
+        simulator_context=args.simulator_context, rehearsal_gap=not args.no_rehearsal_gap,
+        examples_as_recorded=None if args.examples_as_recorded is None else args.examples_as_recorded == "on")
     run_eval_job(job)
     return 0

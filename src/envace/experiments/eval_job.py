@@ -6,12 +6,17 @@ What one job can do (any combination):
   ``budget`` imagined episodes per task, then one committed real run per task;
 * ``sweep``: every budget of ``budgets`` (0 = no rehearsal) for every mode of ``modes``;
 * ``fidelity``: rehearse every real response of real trajectories (the scripted oracle's, the
-  policy's own, or both; plus error probes) greedily and compare with the real world.
+  policy's own, or both; plus error probes) greedily and compare with the real world;
+* ``rehearsal_gap`` (on by default): beside the plain real run (budget 0), the same policy on the
+  same tasks rehearsing every tool response, judged as a rehearsal training step judges it, with
+  the rehearse role's fidelity on the calls of the real episodes and on the recorded examples,
+  and each episode's failure class (experiments/gap.py, experiments/failures.py).
 
 Files of the run directory (kind ``eval``): ``committed.jsonl`` (one row per task and
 condition: memory, costs, the committed trajectory), ``rehearsals.jsonl`` (the imagined
 episodes), ``fidelity.jsonl`` (rehearsed vs real response pairs), ``metrics.jsonl`` (one row
-per condition and per fidelity group), then ``summary.md``, ``sweep.png``, ``fidelity.png`` and
+per condition and per fidelity group, and a ``gap`` row), ``rehearsal_judged.jsonl``,
+``gap_fidelity.jsonl`` and ``failures.jsonl`` (the rehearsal gap), then ``summary.md``, ``sweep.png``, ``fidelity.png`` and
 ``viewer.html`` from :func:`envace.experiments.eval_report.write_eval_report`.
 """
 
@@ -26,6 +31,8 @@ from envace.core.prompts import PromptStyle
 from envace.core.types import Task
 from envace.experiments.eval_models import EvalModels, load_eval_backend, resolve_eval_models
 from envace.experiments.factory import GenerationSettings, make_actor
+from envace.experiments.failures import failure_rows
+from envace.experiments.gap import failure_metrics, gap_metrics, gap_sources, run_gap
 from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
 from envace.envs.registry import world_names
@@ -83,6 +90,8 @@ class EvalJob:
     sim_max_new_tokens: int | None = None  # rehearsed tool responses during rehearsal
     fidelity_max_new_tokens: int = 256  # rehearsed tool responses for fidelity (real ones run long)
     simulator_context: str | None = None  # call | conversation (None: the run's prompt style, else call)
+    rehearsal_gap: bool = True  # the plain real run also rehearsal-judged, with fidelity and failure classes
+    examples_as_recorded: bool | None = None  # recorded calls answered as recorded (None: the run's, else on)
     summary_max_new_tokens: int = 96
     memory_max_chars: int = 600
     rehearsal_temperature: float = 0.7
@@ -114,6 +123,7 @@ RUN_DEFAULTS: dict[str, tuple[tuple[str, ...], Any]] = {
     "max_turns": (("rollout", "max_turns"), 4),
     "max_new_tokens": (("rollout", "caller_max_new_tokens"), 96),
     "sim_max_new_tokens": (("rollout", "simulator_max_new_tokens"), 96),
+    "examples_as_recorded": (("rollout", "examples_as_recorded"), True),
 }
 
 
@@ -135,7 +145,8 @@ def with_run_settings(job: EvalJob, run_config: dict[str, Any] | None) -> tuple[
         value: Any = cfg
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
-        if value is not None and (from_run or name in ("max_turns", "max_new_tokens", "sim_max_new_tokens")):
+        if value is not None and (from_run or name in ("max_turns", "max_new_tokens", "sim_max_new_tokens",
+                                                        "examples_as_recorded")):
             if name == "world":
                 value = ",".join(value) if isinstance(value, list) else str(value)
             values[name] = value
@@ -254,11 +265,12 @@ def build_parts(job: EvalJob, caller: Any, simulator_backend: Any, style: Prompt
     rehearsal_actor = PolicyActor(backend=caller, style=style, max_new_tokens=job.max_new_tokens,
                                   max_prompt_tokens=gen.max_prompt_tokens, temperature=job.rehearsal_temperature,
                                   seed=job.seed + 1)
+    recorded = job.examples_as_recorded is not False
     simulator = ModelSource(backend=simulator_backend, name="rehearsal", record_samples=False, style=style,
                             max_new_tokens=job.sim_max_new_tokens, temperature=job.rehearsal_temperature,
-                            seed=job.seed + 104729)
+                            seed=job.seed + 104729, examples_as_recorded=recorded)
     fidelity = ModelSource(backend=simulator_backend, name="rehearsal", record_samples=False, style=style,
-                           max_new_tokens=job.fidelity_max_new_tokens, temperature=0.0)
+                           max_new_tokens=job.fidelity_max_new_tokens, temperature=0.0, examples_as_recorded=recorded)
     writer = make_memory_writer(job.memory, caller, max_new_tokens=job.summary_max_new_tokens,
                                 max_chars=job.memory_max_chars)
     judge = None
@@ -270,7 +282,7 @@ def build_parts(job: EvalJob, caller: Any, simulator_backend: Any, style: Prompt
     return EvalParts(commit_actor, rehearsal_actor, simulator, fidelity, writer, style, judge)
 
 
-def run_testtime_part(job: EvalJob, tasks: list[Task], parts: EvalParts, run: RunDir, log=print) -> None:
+def run_testtime_part(job: EvalJob, tasks: list[Task], parts: EvalParts, run: RunDir, log=print) -> list:
     from envace.experiments.eval_report import condition_table
 
     if job.sweep:
@@ -293,6 +305,38 @@ def run_testtime_part(job: EvalJob, tasks: list[Task], parts: EvalParts, run: Ru
     bad = [r.name for r in results if r.real_calls_during_rehearsal]
     if bad:  # cannot happen by construction; counted so it would show
         raise RuntimeError(f"real tool calls during rehearsal in {bad}")
+    return results
+
+
+def run_gap_part(job: EvalJob, tasks: list[Task], parts: EvalParts, results: list, run: RunDir,
+                 log=print) -> dict[str, float] | None:
+    """The rehearsal gap of the plain real run (condition ``none``): the same caller on the same
+    tasks rehearsing every response (judged as a rehearsal step judges), the rehearse role's
+    fidelity on the real calls and the recorded examples, and each episode's failure class."""
+    plain = next((r for r in results if r.name == "none"), None)
+    if plain is None:
+        log("rehearsal gap: skipped, it compares with the plain real run (budget 0), which this job did not run")
+        return None
+    real = [o.trajectory for o in plain.outcomes]
+    sources = gap_sources(parts.simulator.backend, parts.style, job.sim_max_new_tokens, job.temperature, job.seed,
+                          job.examples_as_recorded is not False, job.fidelity_max_new_tokens)
+    log(f"rehearsal gap: the plain run's {len(tasks)} tasks again, rehearsal-judged, and the rehearse role's fidelity")
+    gap = run_gap(tasks, real, parts.commit_actor, sources, job.max_turns, judge=parts.judge, log=log)
+    metrics = {"eval/success": sum(t.solved for t in real) / len(real),
+               "eval/reward": sum(t.reward for t in real) / len(real),
+               **failure_metrics(tasks, real), **gap_metrics(tasks, real, gap)}
+    run.add_trajectories([t.model_dump(mode="json", exclude={"samples"}, exclude_none=True) for t in gap.rehearsal],
+                         name="rehearsal_judged.jsonl")
+    run.add_trajectories([p.model_dump(mode="json") for p in gap.pairs], name="gap_fidelity.jsonl")
+    run.add_trajectories(failure_rows(tasks, real, source="real") + failure_rows(tasks, gap.rehearsal,
+                                                                                  source="rehearsal_judged"),
+                         name="failures.jsonl")
+    run.log_metrics({"phase": "gap", "condition": "none", **metrics})
+    fid = (f"rehearsed = real for {metrics['eval/fidelity_exact']:.0%} of {metrics['eval/fidelity_n']:.0f} calls"
+           if "eval/fidelity_exact" in metrics else "no real call to compare")
+    log(f"rehearsal gap: real {metrics['eval/success']:.3f}, rehearsal-judged {metrics['eval/rehearsal_success']:.3f} "
+        f"({metrics['eval/rehearsal_gap']:+.3f}); {fid}")
+    return metrics
 
 
 def fidelity_trajectories(job: EvalJob, tasks: list[Task], parts: EvalParts, log=print) -> dict[str, list]:
@@ -341,7 +385,7 @@ def job_config(job: EvalJob, models: EvalModels, budget: int) -> dict[str, Any]:
     cfg = asdict(job)
     cfg["resolved"] = {"caller_model": models.caller, "simulator_model": models.simulator,
                        "budget": budget, "notes": models.notes,
-                       "prompt_style": asdict(models.style) if models.style else None}
+                       "prompt_style": models.style.model_dump() if models.style else None}
     return cfg
 
 
@@ -367,11 +411,13 @@ def run_eval_job(job: EvalJob, log=print) -> RunDir:
     log(f"run directory: {run.path}")
     style = models.style or PromptStyle()
     if job.simulator_context is not None:
-        style = dataclasses.replace(style, simulator_context=job.simulator_context)
+        style = style.model_copy(update={"simulator_context": job.simulator_context})
     parts = build_parts(job, caller, sim, style)
     t0 = time.perf_counter()
     if job.runs_testtime:
-        run_testtime_part(job, tasks, parts, run, log)
+        results = run_testtime_part(job, tasks, parts, run, log)
+        if job.rehearsal_gap:
+            run_gap_part(job, tasks, parts, results, run, log)
     if job.fidelity:
         run_fidelity_part(job, fid_tasks, parts, run, log)
     from envace.experiments.eval_report import print_eval_summary, write_eval_report

@@ -228,11 +228,52 @@ def write_eval_report(run: RunDir) -> Path:
         tool_rows = [r for r in by_tool if r["origin"] == "oracle"] or by_tool
         if plot_fidelity(by_world, tool_rows, run.path / "fidelity.png") is not None:
             lines += ["![fidelity](fidelity.png)", ""]
+    lines += gap_section(run)
     if not committed and not fidelity:
         lines += ["(no results in this run directory yet)", ""]
     viewer = write_viewer(run, committed, rehearsals, fidelity)
     lines += [f"Trajectories, memories and rehearsed vs real responses: [{viewer.name}]({viewer.name})", ""]
     return run.write_text("summary.md", "\n".join(lines))
+
+
+def gap_section(run: RunDir) -> list[str]:
+    """The rehearsal gap of the plain real run: real vs rehearsal-judged success, the rehearse
+    role's fidelity on the real calls and the recorded examples, and the failure classes."""
+    from envace.experiments.failures import CLASS_WORDS, FAILURE_CLASSES
+
+    rows = [r for r in run.metrics() if r.get("phase") == "gap"]
+    if not rows:
+        return []
+    g = rows[-1]
+    lines = ["## Rehearsal gap", "",
+             "The plain real run's tasks again, with the same policy rehearsing every tool response and judged as a "
+             "rehearsal training step is (no world: only what the trajectory shows counts).", "",
+             "| real success | rehearsal-judged success | gap | shape failures/episode | answered as recorded/episode |",
+             "|---|---|---|---|---|",
+             f"| {_f(g.get('eval/success'))} | {_f(g.get('eval/rehearsal_success'))} | "
+             f"{_f(g.get('eval/rehearsal_gap'))} | {_f(g.get('eval/rehearsal_shape_failures'), 2)} | "
+             f"{_f(g.get('eval/rehearsal_as_recorded'), 2)} |", ""]
+    pairs = read_jsonl_dicts(run.path / "gap_fidelity.jsonl")
+    if pairs:
+        lines += ["Fidelity on the user's tools: origin `policy` = each call of the real episodes rehearsed greedily "
+                  "from the same history vs the real result (`as_recorded`: answered from a recorded example; "
+                  "`recorded_exact`: of the calls matching an example, the recorded result equals the real one); "
+                  "origin `example` = each recorded example rehearsed with no history vs its recorded result.", ""]
+        cols = ("origin", "n", "format_ok", "structure", "value", "exact", "as_recorded", "recorded_exact")
+        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in summarize_fidelity(pairs, ("origin",)):
+            lines.append("| " + " | ".join(_f(r.get(c)) for c in cols) + " |")
+        lines.append("")
+    fails = read_jsonl_dicts(run.path / "failures.jsonl")
+    if fails:
+        lines += ["Failure classes (experiments/failures.py), episodes:", "",
+                  "| class | real | rehearsal-judged |", "|---|---|---|"]
+        for c in FAILURE_CLASSES:
+            n_real = sum(r["class"] == c and r.get("source") == "real" for r in fails)
+            n_reh = sum(r["class"] == c and r.get("source") == "rehearsal_judged" for r in fails)
+            lines.append(f"| {CLASS_WORDS[c]} | {n_real} | {n_reh} |")
+        lines.append("")
+    return lines
 
 
 def print_eval_summary(run: RunDir) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 from envace.core.jsonl import read_jsonl_dicts
@@ -56,6 +57,123 @@ def run_labels(runs: list[RunDir]) -> dict[str, RunDir]:
     return {(f"{lab} ({r.path.name})" if labels.count(lab) > 1 else lab): r for lab, r in zip(labels, runs)}
 
 
+# A rise of the mean training reward (last quarter of the steps vs the first) worth a word when
+# real success does not follow; below it the per-step noise of a few tasks x G episodes dominates.
+REWARD_RISE = 0.05
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def reward_without_success(cfg: dict, train_rows: list[dict], eval_rows: list[dict],
+                           by_step: dict[int, dict[str, float]] | None = None) -> str | None:
+    """A paragraph when the training reward rose and real-world success did not (its gain is not
+    above two paired standard errors, or not positive), else None. ``by_step``: per-task eval
+    success (:func:`eval_task_success`) for the paired standard error."""
+    real = [r for r in eval_rows if r.get("eval_kind", "real") == "real" and "eval/success" in r]
+    if len(train_rows) < 2 or len(real) < 2:
+        return None
+    w = max(1, len(train_rows) // 4)
+    r0 = _mean([r["reward"] for r in train_rows[:w]])
+    r1 = _mean([r["reward"] for r in train_rows[-w:]])
+    if not r1 - r0 >= REWARD_RISE:
+        return None
+    first, last = real[0], real[-1]
+    se = float("nan")
+    if by_step and first["step"] in by_step and last["step"] in by_step:
+        gain, se, _ = paired_gain(by_step[first["step"]], by_step[last["step"]])
+    else:
+        gain = last["eval/success"] - first["eval/success"]
+    if gain > 0 and (se != se or gain > 2 * se):  # se NaN: fewer than two tasks, the gain alone
+        return None
+    source = cfg.get("source", "rehearsal")
+    where = {"rehearsal": "in its own rehearsal", "simulator": "against the frozen simulator",
+             "real": "on its training tasks"}.get(source, "in training")
+    text = (f"**Training reward rose while real-world success did not.** The mean training reward went from "
+            f"{r0:.3f} (first {w} step{'s' if w > 1 else ''}) to {r1:.3f} (last {w}), while success on the held-out "
+            f"tasks against the real tools moved {gain:+.3f} from step {first['step']} to step {last['step']}"
+            + (f" (paired standard error {se:.3f})" if se == se else "") +
+            f": the policy learned to succeed {where}, not against the tools.")
+    rs = last.get("eval/rehearsal_success")
+    if rs is not None and rs == rs:
+        text += (f" At step {last['step']} the same policy on the same tasks succeeds {rs:.3f} when it rehearses the "
+                 f"tool responses itself (judged as a rehearsal step is) against {last['eval/success']:.3f} with the "
+                 f"real tools (gap {last.get('eval/rehearsal_gap', rs - last['eval/success']):+.3f}).")
+    fe = last.get("eval/fidelity_exact")
+    if fe is not None and fe == fe:
+        text += (f" Its rehearsed results equal the real ones for {fe:.0%} of the {last.get('eval/fidelity_n', 0):.0f} "
+                 f"calls its real episodes made (same structure {last.get('eval/fidelity_structure', float('nan')):.0%}).")
+    if source != "real":
+        text += (" Levers: ground the rehearsal (rollout.examples_as_recorded, rollout.example_reward), a warm start "
+                 "with more simulator data, or a real-source run from the same start for comparison; the failure "
+                 "classes below say what the real episodes get wrong.")
+    return text
+
+
+def gap_markdown(eval_rows: list[dict]) -> list[str]:
+    """The rehearsal gap and the rehearse role's fidelity per eval step (rows that measured it)."""
+    rows = [r for r in eval_rows if "eval/rehearsal_success" in r]
+    if not rows:
+        return []
+    lines = ["## Rehearsal gap and fidelity on the user's tools", "",
+             "The same policy on the same tasks at each eval: against the real tools, and rehearsing every tool "
+             "response itself, judged as a rehearsal training step is (no world: only what the trajectory shows). "
+             "Fidelity: each call of the real episodes rehearsed greedily from the same history, compared with what "
+             "the real tool returned (exact JSON / same key structure / same values that matter), and each recorded "
+             "example rehearsed with no history against its recorded result. Shape failures: rehearsed results "
+             "that do not fit the tool's declared output schema, per episode.", "",
+             "| step | real success | rehearsal-judged success | gap | calls rehearsed | exact | structure | values "
+             "| answered as recorded | recorded = real | examples | examples exact | shape failures/ep |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    def f(r: dict, key: str, fmt: str = ".3f") -> str:
+        v = r.get(key)
+        return "–" if v is None or v != v else format(v, fmt)  # nothing to measure (e.g. no call was made)
+
+    for r in rows:
+        lines.append("| " + " | ".join([str(r["step"]), f(r, "eval/success"), f(r, "eval/rehearsal_success"),
+                                        f(r, "eval/rehearsal_gap", "+.3f"), f(r, "eval/fidelity_n", ".0f"),
+                                        f(r, "eval/fidelity_exact"), f(r, "eval/fidelity_structure"),
+                                        f(r, "eval/fidelity_value"), f(r, "eval/fidelity_as_recorded"),
+                                        f(r, "eval/fidelity_recorded_exact"), f(r, "eval/example_n", ".0f"),
+                                        f(r, "eval/example_exact"), f(r, "eval/rehearsal_shape_failures", ".2f")])
+                     + " |")
+    return lines + [""]
+
+
+def failure_markdown(run: RunDir) -> list[str]:
+    """Failure classes of the real eval episodes at the first and the last eval (eval_failures.jsonl)."""
+    from envace.experiments.failures import CLASS_WORDS, FAILURE_CLASSES, failure_table, transition_table
+
+    path = run.path / "eval_failures.jsonl"
+    if not path.is_file():
+        return []
+    rows = read_jsonl_dicts(path)
+    real = [r for r in rows if r.get("source") != "rehearsal_judged"]
+    steps = sorted({r["step"] for r in real})
+    if not steps:
+        return []
+    a, b = steps[0], steps[-1]
+    before = [r for r in real if r["step"] == a]
+    after = [r for r in real if r["step"] == b]
+    lines = ["## Why episodes failed (real eval)", "",
+             "Each real eval episode in one class (experiments/failures.py): *no call* (no parseable tool call); "
+             "*wrong tool* (a needed tool never called, another called instead); *wrong arguments* (a needed call's "
+             "tool called with other arguments); *right calls, wrong answer* (every needed call matched, an "
+             "answer/state item failed); *gave up* (only needed tools called, then stopped short). Needed calls: "
+             "the checklist's `called` items, else the reference's calls.", ""]
+    lines += failure_table(before, after, (f"step {a}", f"step {b}")) + [""]
+    reh = [r for r in rows if r.get("source") == "rehearsal_judged" and r["step"] == b]
+    if reh:
+        counts = Counter(r["class"] for r in reh)
+        lines += [f"The same tasks rehearsal-judged at step {b}: " + ", ".join(
+            f"{CLASS_WORDS[c]} {counts[c]}" for c in FAILURE_CLASSES if counts[c]) + ".", ""]
+    if a != b:
+        lines += [f"Per task (first episode), step {a} -> step {b}, changed tasks first:", ""]
+        lines += transition_table(before, after) + [""]
+    return lines
+
+
 def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-world success") -> Path:
     """Eval success vs step for one or more runs (one line each), train reward dashed."""
     import matplotlib
@@ -74,6 +192,10 @@ def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-
             # the checklist fraction moves before full success does: the earlier sign of learning
             ax1.plot([r["step"] for r in ev], [r.get("eval/reward", float("nan")) for r in ev], ":", marker=".",
                      color=line.get_color(), label=f"{label} reward")
+            reh = [r for r in ev if "eval/rehearsal_success" in r]
+            if reh:  # the same policy rehearsing its own tool responses: the rehearsal gap
+                ax1.plot([r["step"] for r in reh], [r["eval/rehearsal_success"] for r in reh], "--", marker="x",
+                         color=line.get_color(), label=f"{label} rehearsal-judged success")
         if tr:
             for role, style in (("caller", "-"), ("simulator", "--")):
                 pts = [(r["step"], r[f"reward/{role}"]) for r in tr if f"reward/{role}" in r]
@@ -137,6 +259,12 @@ def write_train_report(run: RunDir) -> Path:
             gain, se, n = paired_gain(by_step[first], by_step[last])
             lines += [f"Success gain from step {first} to step {last}: **{gain:+.3f}** (paired standard error "
                       f"{se:.3f} over {n} tasks; under about two standard errors a gain may be noise).", ""]
+        warning = reward_without_success(cfg, tr, ev, eval_task_success(run) if (run.path / "evals.jsonl").is_file()
+                                         else None)
+        if warning:
+            lines += [warning, ""]
+        lines += gap_markdown(ev)
+        lines += failure_markdown(run)
     if tr:
         secs = sum(r["step_s"] for r in tr)
         lines += ["## Training", "", f"{len(tr)} steps in {secs:.0f} s "

@@ -28,6 +28,8 @@ from envace.experiments.eval_models import run_config, train_style
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
 from envace.experiments.rollout_backends import rollout_backends
 from envace.experiments.models import RunModels, frozen_copy, load_frozen, load_policy, split_for_mode, with_lora
+from envace.experiments.failures import failure_rows
+from envace.experiments.gap import GapParts, failure_metrics, gap_metrics, gap_sources, run_gap
 from envace.experiments.progress import JobClock, StepProgress
 from envace.experiments.report import write_train_report
 from envace.experiments.rundir import RunDir
@@ -68,7 +70,8 @@ def generation_settings(cfg: TrainConfig, temperature: float | None = None) -> G
                               max_prompt_tokens=r.max_prompt_tokens,
                               temperature=r.temperature if temperature is None else temperature,
                               simulator_temperature=r.simulator_temperature if temperature is None else temperature,
-                              top_p=r.top_p, max_batch=r.max_batch, style=prompt_style(cfg))
+                              top_p=r.top_p, max_batch=r.max_batch, style=prompt_style(cfg),
+                              examples_as_recorded=r.examples_as_recorded, example_reward=r.example_reward)
 
 
 def sft_possible(cfg: TrainConfig, tasks: list[Task]) -> bool:
@@ -121,13 +124,17 @@ def grpo_pool(cfg: TrainConfig) -> list[Task]:
 def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: TrainConfig,
                   accelerator: Any | None = None, bench: BenchTaskSet | None = None, judge: Any = None,
                   kind: str = "real", real: RealSource | None = None,
-                  log: Any = None) -> tuple[dict[str, float], list[Trajectory]]:
+                  log: Any = None, sim_model: torch.nn.Module | None = None,
+                  details: dict[str, Any] | None = None) -> tuple[dict[str, float], list[Trajectory]]:
     """Success on held-out tasks with the real world answering, whatever the training source
     (with ``bench``: the benchmark's entries, environment and scorer). ``kind="rehearsal"``:
     no real world exists, the policy rehearses the responses (nothing is recorded for training).
     ``real``: the run's real source, reused so that its worlds are resolved (an MCP server's tools
     listed) once per run; without one, a source is made and closed here. ``log``: a line per turn.
-    On several processes each rank runs its share of the tasks; every rank gets all of them."""
+    On several processes each rank runs its share of the tasks; every rank gets all of them.
+    With a real world and ``eval.rehearsal_gap``, the same tasks also run rehearsal-judged
+    (``sim_model`` rehearsing, default ``model``) beside the real run, with the rehearse role's
+    fidelity (experiments/gap.py); ``details`` receives their trajectories and fidelity pairs."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
     backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch,
                                   dtype=generation_dtype(cfg.rollout.dtype),
@@ -149,15 +156,32 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
         finally:
             if kind == "real" and real is None:
                 source.close()
+    gap = None
+    if bench is None and kind == "real" and cfg.eval.rehearsal_gap:
+        sim = backend if sim_model is None or sim_model is model else TransformersBackend(
+            sim_model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch,
+            dtype=generation_dtype(cfg.rollout.dtype))
+        gap = run_gap(mine, trajs, actor, gap_sources(sim, gen.style, gen.simulator_max_new_tokens,
+                                                      cfg.eval.temperature, cfg.seed, gen.examples_as_recorded),
+                      cfg.rollout.max_turns, k, judge=judge, log=log)
+        gap = GapParts(_in_task_order(dist.gather_trajectories(accelerator, gap.rehearsal), tasks, accelerator),
+                       dist.gather_objects(accelerator, gap.pairs))
     trajs = _in_task_order(dist.gather_trajectories(accelerator, trajs), tasks, accelerator)
     n = len(trajs)
     solved = {t.task_id for t in trajs if t.solved}
-    return {"eval/success": sum(t.solved for t in trajs) / n,
-            "eval/tasks_solved": len(solved) / len({t.task_id for t in trajs}),
-            "eval/reward": sum(t.reward for t in trajs) / n,
-            "eval/tool_calls": sum(t.tool_calls for t in trajs) / n,
-            "eval/parse_failures": sum(t.parse_failures for t in trajs) / n,
-            **{f"eval/{k}": v for k, v in truncated_fractions(trajs).items()}}, trajs
+    metrics = {"eval/success": sum(t.solved for t in trajs) / n,
+               "eval/tasks_solved": len(solved) / len({t.task_id for t in trajs}),
+               "eval/reward": sum(t.reward for t in trajs) / n,
+               "eval/tool_calls": sum(t.tool_calls for t in trajs) / n,
+               "eval/parse_failures": sum(t.parse_failures for t in trajs) / n,
+               **{f"eval/{k}": v for k, v in truncated_fractions(trajs).items()}}
+    if bench is None:
+        metrics.update(failure_metrics(tasks, trajs))
+    if gap is not None:
+        metrics.update(gap_metrics(tasks, trajs, gap))
+        if details is not None:
+            details.update(rehearsal=gap.rehearsal, pairs=gap.pairs)
+    return metrics, trajs
 
 
 class FlatGroups:
@@ -403,7 +427,8 @@ def _truncate_logs(run: RunDir, step: int) -> None:
     """Drop log rows of steps after the checkpoint: they are redone, and must not count twice."""
     from envace.core.jsonl import read_jsonl_dicts, save_jsonl
 
-    for name in ("metrics.jsonl", "trajectories.jsonl", "evals.jsonl"):
+    for name in ("metrics.jsonl", "trajectories.jsonl", "evals.jsonl", "eval_failures.jsonl",
+                 "evals_rehearsal.jsonl", "eval_fidelity.jsonl"):
         path = run.path / name
         if path.exists():
             rows = read_jsonl_dicts(path)
@@ -492,12 +517,21 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
 
     def do_eval(step: int) -> dict[str, float]:
         t0 = time.perf_counter()
+        details: dict[str, Any] = {}
         metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc, bench, judge=judge,
-                                       kind=kind, real=real, log=log)
+                                       kind=kind, real=real, log=log, sim_model=sim_model, details=details)
         clock.estimate("final eval", time.perf_counter() - t0)  # the same tasks and samples every time
         watch_eval.add(trajs)
         if main:
             run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
+            if bench is None:  # per-episode failure classes, real and rehearsal-judged (experiments/failures.py)
+                run.add_trajectories(failure_rows(held_out, trajs, step=step, source=kind)
+                                     + failure_rows(held_out, details.get("rehearsal", []), step=step,
+                                                    source="rehearsal_judged"), name="eval_failures.jsonl")
+            if details:
+                run.add_trajectories(_tag(details["rehearsal"], step, "rehearsal_eval"), name="evals_rehearsal.jsonl")
+                run.add_trajectories([{"step": step, **p.model_dump(mode="json")} for p in details["pairs"]],
+                                     name="eval_fidelity.jsonl")
             metrics_log.log({"phase": "eval", "step": step, "eval_kind": kind, **metrics})
         return metrics
 
