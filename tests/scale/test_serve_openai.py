@@ -34,8 +34,8 @@ class _Writes:
     """A backend whose model writes ``text`` after whatever prompt it gets (EOS-free, finish stop),
     recording the prompts: what the server does with a given output is under test."""
 
-    def __init__(self, tokenizer, text: str) -> None:
-        self.tokenizer, self.text, self.prompts = tokenizer, text, []
+    def __init__(self, tokenizer, text: str, delay: float = 0.005) -> None:
+        self.tokenizer, self.text, self.prompts, self.delay = tokenizer, text, [], delay
         self.running = self.most_running = 0
         self._lock = threading.Lock()
 
@@ -43,7 +43,7 @@ class _Writes:
         with self._lock:
             self.running += 1
             self.most_running = max(self.most_running, self.running)
-        time.sleep(0.005)
+        time.sleep(self.delay)
         self.prompts.extend(prompts)
         ids = list(self.tokenizer(self.text, add_special_tokens=False)["input_ids"])
         with self._lock:
@@ -232,3 +232,20 @@ def test_200_concurrent_requests_on_the_tiny_model(tiny_server):
     answers = asyncio.run(_burst(tiny_server.url, 200, body))
     assert [r.status_code for r in answers] == [200] * 200
     assert len({r.json()["choices"][0]["text"] for r in answers}) == 1
+
+
+def test_a_request_whose_client_left_while_queued_is_not_generated(tiny_backend, caplog):
+    caplog.set_level(logging.INFO, logger="envace.serve")
+    writes = _Writes(tiny_backend.tokenizer, "ok", delay=0.8)
+    body = {"prompt": "Hi", "max_tokens": 2}
+    with OpenAIServer(writes, model_name="tiny") as server:
+        first = threading.Thread(target=httpx2.post, args=(server.url + "/completions",), kwargs={"json": body})
+        first.start()
+        time.sleep(0.2)  # the first one is generating: the next one waits
+        with pytest.raises(httpx2.TimeoutException):
+            httpx2.post(server.url + "/completions", json=body | {"prompt": "left"}, timeout=0.2)
+        first.join()
+        assert httpx2.post(server.url + "/completions", json=body).status_code == 200
+    said = [tiny_backend.tokenizer.decode(p) for p in writes.prompts]
+    assert said == ["Hi", "Hi"]  # the abandoned request never reached the model
+    assert any(r.getMessage().startswith("POST /v1/completions 499") for r in caplog.records)

@@ -582,15 +582,12 @@ class OpenAIServer:
                 # The answer is built on the worker too (it decodes tokens: the tokenizer stays on one
                 # thread), and before a stream starts, so that an error is still a JSON answer.
                 answer = await self._on_worker(lambda r: as_events(self, run(r)) if r.stream
-                                               else as_json(run(r), self.model_name), req, count=True)
+                                               else as_json(run(r), self.model_name), req, request)
                 if not req.stream:
                     return JSONResponse(answer)
                 events = answer
-            except RequestError as err:
-                return _error(err.status, str(err), param=err.param, code=err.code)
-            except Exception as err:  # noqa: BLE001 - a server error must reach the client as a 500
-                log.exception("%s failed", request.url.path)
-                return _error(500, f"{type(err).__name__}: {err}", "server_error")
+            except Exception as err:  # noqa: BLE001 - every failure gets an answer
+                return _failure(request, err)
 
             async def sse() -> AsyncIterator[str]:
                 for event in events:
@@ -607,23 +604,49 @@ class OpenAIServer:
             return body
         try:
             return JSONResponse(await self._on_worker(self.load_weights, body))
-        except RequestError as err:
-            return _error(err.status, str(err), param=err.param, code=err.code)
+        except Exception as err:  # noqa: BLE001 - every failure gets an answer
+            return _failure(request, err)
 
-    async def _on_worker(self, fn: Callable[[Any], Any], arg: Any, count: bool = False) -> Any:
-        """Run ``fn(arg)`` on the one generation thread (FIFO), keeping the queue count."""
+    async def _on_worker(self, fn: Callable[[Any], Any], arg: Any, request: Request | None = None) -> Any:
+        """Run ``fn(arg)`` on the one generation thread (FIFO). With ``request`` (a generation): it
+        counts in the queue, and is skipped if its client leaves while it waits."""
+        gone = threading.Event()
+
         def timed(arg: Any) -> Any:
+            if gone.is_set():
+                raise _ClientGone
             started = time.monotonic()
             try:
                 return fn(arg)
             finally:
                 self._seconds = 0.8 * self._seconds + 0.2 * (time.monotonic() - started)
 
-        self._pending += count
+        async def watch(request: Request) -> None:  # the body is read: the next message is the disconnect
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.ensure_future(watch(request)) if request is not None else None
+        self._pending += request is not None
         try:
             return await asyncio.get_running_loop().run_in_executor(self._worker, timed, arg)
         finally:
-            self._pending -= count
+            self._pending -= request is not None
+            if watcher is not None:
+                watcher.cancel()
+
+
+class _ClientGone(Exception):
+    """The client left before its generation started."""
+
+
+def _failure(request: Request, err: Exception) -> Response:
+    if isinstance(err, RequestError):
+        return _error(err.status, str(err), param=err.param, code=err.code)
+    if isinstance(err, _ClientGone):
+        return _error(499, "the client closed the request before it was served")  # nginx's code; nobody reads it
+    log.exception("%s failed", request.url.path, exc_info=err)
+    return _error(500, f"{type(err).__name__}: {err}", "server_error")
 
 
 # ---------------------------------------------------------------------------- response shapes
