@@ -70,6 +70,9 @@ NOTES = [("Vendor RMA 4471 opened, replacement due Friday.", "4471"),
 REPLIES = ["a replacement is on its way and should arrive tomorrow", "we have pushed a fix, please restart "
            "your laptop and tell us if it still happens", "we need you to bring the device to the IT desk on "
            "floor 1", "the vendor has confirmed the fault and we will update you on Friday"]
+# Free text a solution may word its own way: the reward's writes guard compares every other
+# argument of each write with the reference's.
+FREE_ARGS = {"create_ticket": ["title", "description"], "add_comment": ["body"]}
 STATUS_WORDS = {"open": "open", "in_progress": "in progress", "waiting": "waiting", "resolved": "resolved",
                 "closed": "closed"}
 
@@ -243,7 +246,8 @@ def task(i: int) -> dict:
     return {"_free_table": free, "id": f"helpdesk-{i:03d}", "domain": "helpdesk", "instruction": instruction, "checklist": checklist,
             "examples": examples(i, kind, target, calls), "env": {"args": {"seed": i}},
             "split": "test" if i % 4 == 3 else "train",
-            "reference": {"calls": [{"name": n, "arguments": a} for n, a in calls], "answer": answer}}
+            "reference": {"calls": [{"name": n, "arguments": a} for n, a in calls], "answer": answer,
+                          "free_args": FREE_ARGS}}
 
 
 def team_of(ticket: dict) -> str:
@@ -316,11 +320,23 @@ def main() -> None:
         row["tools"] = tools
     replay(rows)
     path = HERE / "tasks.jsonl"
+    write_atomic(path, rows)
+    # The same tasks without the items that read the class's SQLite state (state, end_state): for
+    # the MCP server (no query()) and schema-only training, which refuse a task file whose state
+    # items nothing can judge. The writes guard (every write's non-free arguments against the
+    # reference's) still judges what they change, in every setting.
+    portable = [{**r, "checklist": [i for i in r["checklist"] if i["kind"] not in ("state", "end_state")]}
+                for r in rows]
+    write_atomic(HERE / "tasks_portable.jsonl", portable)
+    test = sum(r["split"] == "test" for r in rows)
+    print(f"wrote {len(rows)} tasks ({len(rows) - test} train, {test} test) to {path} and, without the SQL "
+          "items, to tasks_portable.jsonl")
+
+
+def write_atomic(path: Path, rows: list[dict]) -> None:
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)  # atomic: a failed run never leaves half a file
-    test = sum(r["split"] == "test" for r in rows)
-    print(f"wrote {len(rows)} tasks ({len(rows) - test} train, {test} test) to {path}")
+    os.replace(tmp, path)  # a failed run never leaves half a file
 
 
 if __name__ == "__main__":
