@@ -50,6 +50,19 @@ def test_the_key_is_checked_before_the_body_is_read(tiny_backend):
         assert reply.split(b" ")[1] == b"401" and time.perf_counter() - t0 < 3
 
 
+def test_a_body_shorter_than_declared_cannot_hold_the_server(tiny_backend, monkeypatch):
+    import envace.policy.http_server as http_server
+
+    monkeypatch.setattr(http_server, "BODY_TIMEOUT_S", 0.5)
+    with OpenAIServer(tiny_backend, model_name="tiny") as server:
+        t0 = time.perf_counter()
+        reply = _raw(server.url, _post("Content-Length: 100\r\n", b'{"prompt": '), wait=10)
+        assert reply.split(b" ")[1] == b"408" and time.perf_counter() - t0 < 3
+        # ...and it still answers everyone else.
+        ok = _raw(server.url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert ok.split(b" ")[1] == b"200"
+
+
 def test_a_trickling_server_cannot_hold_a_request_past_the_timeout():
     class Trickle(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802

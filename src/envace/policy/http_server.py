@@ -202,21 +202,23 @@ class OpenAIServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self._sock.listen(2048)
+        self._address = self._sock.getsockname()[:2]
         self.app = self._app()
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def host(self) -> str:
-        return str(self._sock.getsockname()[0])
+        return str(self._address[0])
 
     @property
     def port(self) -> int:
-        return int(self._sock.getsockname()[1])
+        return int(self._address[1])
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
 
     # ------------------------------------------------------------------ lifecycle
 
