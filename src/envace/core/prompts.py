@@ -7,8 +7,9 @@ prompt of turn k+1 contains exactly the tokens the policy produced at turn k.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from envace.core.toolcall import RESULT_OPEN
 from envace.core.types import Message, Task, ToolCall, ToolSpec
@@ -73,16 +74,19 @@ def template_supports_tools(tokenizer: Any) -> bool:
     return isinstance(tmpl, str) and "tools" in tmpl
 
 
-@dataclass(frozen=True)
-class PromptStyle:
+class PromptStyle(BaseModel):
+    """How both roles' prompts are rendered: the ``prompt:`` section of a training config, as is."""
+
+    # strict and closed as every config section: a typo or a string number is an error
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
     tool_format: ToolFormat = "compact"
-    max_examples: int = 3  # real call/result pairs shown to the simulator
-    max_history_results: int = 6  # earlier results of this episode shown to the simulator
-    prefill_result_tag: bool = True  # start the simulator's answer with <execution_result>
-    # What the rehearse role sees besides the call: "call" (the called tool's signature, grounding
-    # examples, earlier results) or "conversation", which adds the user's request and the whole
-    # tool list, as the paper's reference simulator is shown the dialogue so far and the tools.
-    simulator_context: SimulatorContext = "call"
+    max_examples: int = Field(3, ge=0, description="real call/result pairs shown to the simulator")
+    max_history_results: int = Field(6, ge=0, description="earlier results of this episode shown to the simulator")
+    prefill_result_tag: bool = Field(True, description="start the simulator's answer with <execution_result>")
+    simulator_context: SimulatorContext = Field(
+        "call", description="what the rehearse role sees: call (the tool's signature, examples, earlier results) "
+        "or conversation (also the user's request and the whole tool list, as the paper's simulator)")
 
 
 def _encode(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:

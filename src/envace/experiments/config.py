@@ -12,21 +12,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from envace.core.prompts import PromptStyle
+from envace.train.step import UpdateSettings
+
 
 class _Section(BaseModel):
     # strict: `steps: true` or `lr: "1e-4"` is an error, not 1 or a silent coercion (ints still
     # pass for floats: `lr: 1` is 1.0)
     model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class PromptConfig(_Section):
-    tool_format: Literal["native", "compact", "json"] = "compact"
-    max_examples: int = Field(3, ge=0)
-    max_history_results: int = Field(6, ge=0)
-    prefill_result_tag: bool = True
-    simulator_context: Literal["call", "conversation"] = Field(
-        "call", description="what the rehearse role sees: call (the tool's signature, examples, earlier results) "
-        "or conversation (also the user's request and the whole tool list, as the paper's simulator)")
 
 
 class RolloutSettings(_Section):
@@ -78,31 +71,24 @@ class RolloutSettings(_Section):
         return self.backend != "transformers" or self.dtype != "float32"
 
 
-class GRPOConfig(_Section):
-    lr: float = Field(1e-4, gt=0)
+class GRPOConfig(UpdateSettings):
+    """The ``grpo`` section: the update's settings (train.step.UpdateSettings, declared there once)
+    plus the advantages' and the learning-rate schedule's."""
+
     warmup_steps: int = Field(0, ge=0, description="GRPO steps whose learning rate ramps linearly up to `lr` "
                               "(step k of n at lr*k/(n+1)): a fresh Adam moves every weight by about lr on its "
                               "first steps whatever the gradient, which can undo a warm start")
-    clip: float = Field(0.2, gt=0)
-    agg: Literal["token_mean", "seq_mean"] = "token_mean"
     norm_by_std: bool = False
     empty_penalty: float = Field(0.1, ge=0)
-    kl_coef: float = Field(0.0, ge=0)
-    anchor_coef: float = Field(0.0, ge=0, description="weight of the warm-start anchor in every update: the mean "
-                               "token NLL of `anchor_samples` SFT samples of the warm start's oracle trajectories "
-                               "(drawn per step), added to the GRPO loss; holds what groups that all succeed give "
-                               "no gradient for. 0: off")
     anchor_samples: int = Field(16, ge=1, description="anchor samples per step (with anchor_coef > 0)")
-    caller_weight: float = Field(1.0, ge=0)
-    simulator_weight: float = Field(1.0, ge=0)
-    micro_batch_tokens: int = Field(4096, ge=64)
-    ppo_epochs: int = Field(1, ge=1)
-    max_grad_norm: float | None = 1.0
-    gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
-                                         "instead of keeping them: less memory per micro-batch for more "
-                                         "compute (each layer runs twice), and shared prompt prefixes are no "
-                                         "longer run once per group")
     sim_format_reward: float = Field(0.0, ge=0, description="extra simulator reward when its output parses as JSON")
+
+    @field_validator("micro_batch_tokens")
+    @classmethod
+    def _micro_batch_fits_a_turn(cls, v: int) -> int:
+        if v < 64:  # smaller budgets are for tests of the updater, not for runs
+            raise ValueError("Input should be greater than or equal to 64")
+        return v
 
 
 class LoraConfig(_Section):
@@ -246,7 +232,7 @@ class TrainConfig(_Section):
         "rule", description="the memory of memory_episodes, as `envace eval --memory`: rule (failed and working "
         "calls, the answer reached) or plan (only the calls of the best-looking attempt)")
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
-    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    prompt: PromptStyle = Field(default_factory=PromptStyle)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)

@@ -64,10 +64,10 @@ def train_style(cfg: dict[str, Any] | None) -> PromptStyle | None:
     """The prompt section of a training run's config."""
     prompt = cfg.get("prompt") if cfg else None
     if isinstance(prompt, dict):
-        known = {k: v for k, v in prompt.items() if k in PromptStyle.__dataclass_fields__}
+        known = {k: v for k, v in prompt.items() if k in PromptStyle.model_fields}
         try:
             return PromptStyle(**known)
-        except TypeError:
+        except ValueError:  # pydantic's ValidationError: a config from another version; no style then
             return None
     return None
 

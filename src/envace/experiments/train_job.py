@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ TRUNCATION_WARN = 0.10
 
 
 def prompt_style(cfg: TrainConfig) -> PromptStyle:
-    return PromptStyle(**cfg.prompt.model_dump())
+    return cfg.prompt  # the prompt section is the style
 
 
 def generation_settings(cfg: TrainConfig, temperature: float | None = None) -> GenerationSettings:
@@ -244,8 +244,8 @@ def prompt_mismatch(warm: Path, cfg: TrainConfig) -> str:
     if theirs is None:
         return ""
     ours = prompt_style(cfg)
-    return ", ".join(f"prompt.{f.name}: {getattr(theirs, f.name)} -> {getattr(ours, f.name)}"
-                     for f in fields(ours) if getattr(theirs, f.name) != getattr(ours, f.name))
+    return ", ".join(f"prompt.{f}: {getattr(theirs, f)} -> {getattr(ours, f)}"
+                     for f in PromptStyle.model_fields if getattr(theirs, f) != getattr(ours, f))
 
 
 def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: RunDir, log,

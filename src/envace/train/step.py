@@ -5,13 +5,12 @@ adapter and nothing else)."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from envace.core.types import Role, TurnSample
@@ -25,25 +24,42 @@ from envace.train.grpo_loss import ROLES, LossAgg, OldLogprobs, merge_loss_stats
 from envace.train.modes import ModeSpec
 
 
-@dataclass(frozen=True)
-class UpdaterConfig:
-    lr: float = 1e-6
+class UpdateSettings(BaseModel):
+    """The updater's settings that a training config's ``grpo:`` section sets (declared once, here;
+    experiments.config.GRPOConfig adds the section's advantage and schedule settings)."""
+
+    # strict and closed as every config section: a typo or a string number is an error
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    lr: float = Field(1e-4, gt=0)
+    clip: float = Field(0.2, gt=0)
+    agg: LossAgg = "token_mean"
+    kl_coef: float = Field(0.0, ge=0)
+    anchor_coef: float = Field(0.0, ge=0, description="weight of the warm-start anchor in every update: the mean "
+                               "token NLL of `anchor_samples` SFT samples of the warm start's oracle trajectories "
+                               "(drawn per step), added to the GRPO loss; holds what groups that all succeed give "
+                               "no gradient for. 0: off")
+    caller_weight: float = Field(1.0, ge=0)
+    simulator_weight: float = Field(1.0, ge=0)
+    micro_batch_tokens: int = Field(4096, ge=1, description="padded input tokens (rows x longest row) per forward")
+    ppo_epochs: int = Field(1, ge=1, description="optimiser steps on the same batch (one per epoch)")
+    max_grad_norm: float | None = Field(1.0, description="None: no clipping (the norm is still reported)")
+    gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
+                                         "instead of keeping them: less memory per micro-batch for more "
+                                         "compute (each layer runs twice), and shared prompt prefixes are no "
+                                         "longer run once per group")
+
+
+class UpdaterConfig(UpdateSettings):
+    """Everything a GRPOUpdater reads: the ``grpo`` section's update settings plus what the run
+    derives (the sampler's temperatures, the pad id, the precision) and the optimiser's internals."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
-    max_grad_norm: float | None = 1.0  # None: no clipping (the norm is still reported)
-    micro_batch_tokens: int = 4096  # padded input tokens (rows x longest row) per forward
-    ppo_epochs: int = 1  # optimiser steps on the same batch (one per epoch)
-    clip: float = 0.2
     clip_high: float | None = None  # asymmetric upper clip (DAPO); None: same as clip
-    agg: LossAgg = "token_mean"
-    kl_coef: float = 0.0
-    # Weight of the anchor term: the mean token NLL of the anchor samples a step is given (the warm
-    # start's oracle turns), added to the policy-gradient loss, as InstructGPT's pretraining mix.
-    # GRPO has no gradient on groups that all succeed, so nothing else holds what they do well.
-    anchor_coef: float = 0.0
-    caller_weight: float = 1.0
-    simulator_weight: float = 1.0
     temperature: float = 1.0  # the sampler's, so that new/old log-probs are comparable
     simulator_temperature: float | None = None  # the simulator role's, when it differs
     pad_id: int = 0
@@ -59,19 +75,14 @@ class UpdaterConfig:
     # trainer's log-probs at the step's weights: what a separate recompute pass would give, for
     # rollouts from another engine or dtype, without that pass. One optimiser step per batch only.
     old_logprobs: OldLogprobs = "sampler"
-    # Layer activations recomputed in the backward (transformers models): memory for compute. The
-    # layers then drop a key/value cache, so shared prefixes cannot run once: share_prefixes is off.
-    gradient_checkpointing: bool = False
     # The forward's compute dtype (forward.autocast); the backward follows it.
     mixed_precision: MixedPrecision = "no"
 
     @classmethod
     def from_sections(cls, section: Any, **extra: Any) -> "UpdaterConfig":
-        """Every field of ``section`` (a typed config section, e.g. the ``grpo`` section) that this
-        config also has, by name, plus ``extra``: no field is copied by hand."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        fields = getattr(type(section), "model_fields", None) or vars(section)
-        return cls(**{k: getattr(section, k) for k in fields if k in names}, **extra)
+        """The update settings of ``section`` (the ``grpo`` section: an UpdateSettings), plus
+        ``extra``: no field is copied by hand."""
+        return cls(**{k: getattr(section, k) for k in UpdateSettings.model_fields}, **extra)
 
     def loss_settings(self) -> dict[str, Any]:
         """The loss's own settings (``forward.batch_loss`` keyword arguments), read from this one object."""
@@ -360,7 +371,7 @@ def updaters_for_mode(
     out: dict[str, GRPOUpdater] = {}
     for key in spec.trained_models:
         w = spec.loss_weights(key, config.caller_weight, config.simulator_weight)
-        cfg = dataclasses.replace(config, caller_weight=w["caller"], simulator_weight=w["simulator"])
+        cfg = config.model_copy(update={"caller_weight": w["caller"], "simulator_weight": w["simulator"]})
         ref = ref_models.get(key) if ref_models else None
         out[key] = GRPOUpdater(models[key], cfg, ref_model=ref)
     return out
