@@ -176,3 +176,23 @@ def test_example_reward_scores_the_rehearse_role_against_the_recorded_result(tin
     assert by[(0, True)].reward == pytest.approx(0.5) and by[(1, True)].reward == pytest.approx(1.0)
     assert by[(0, True)].advantage == pytest.approx(-0.25) and by[(1, True)].advantage == pytest.approx(0.25)
     assert by[(0, False)].advantage == pytest.approx(0.5) and by[(1, False)].advantage == pytest.approx(-0.5)
+
+
+def test_the_record_answers_only_until_the_episodes_first_write(tiny_backend):
+    """Examples record the initial state: after a write that ran (add_to_cart answered without an
+    error) the recorded call is rehearsed by the model; a write the world refused changes nothing."""
+    from envace.rollout.sources import record_holds
+
+    task, ex = _task_with_example()
+    assert "add_to_cart" in task.reference.write_tools and "search_products" not in task.reference.write_tools
+    read = ToolCall(name="search_products", arguments={"query": "x"})
+    write = ToolCall(name="add_to_cart", arguments={"product_id": "p-1", "quantity": 1})
+    assert record_holds(task, []) and record_holds(task, [(read, "[]")])
+    assert not record_holds(task, [(write, '{"cart": []}')])
+    assert record_holds(task, [(write, '{"error": {"code": "NOT_FOUND", "message": "no p-1"}}')])
+    src = ModelSource(backend=tiny_backend, max_new_tokens=4, temperature=0.0)
+    call = ToolCall(name=ex.tool, arguments=dict(ex.arguments))
+    before, after = src.respond([_request(task, call),
+                                 ToolRequest(task=task, call=call, earlier=[(write, '{"cart": []}')], state=None,
+                                             trajectory_index=0, turn=1)])
+    assert before.extra.get("as_recorded") and not after.extra.get("as_recorded") and "gen_tokens" in after.extra

@@ -20,7 +20,7 @@ from envace.core.prompts import PromptStyle
 from envace.core.types import Task, Trajectory, trajectory_calls
 from envace.experiments.failures import FAILURE_CLASSES, class_shares, failure_rows
 from envace.rollout.engine import RolloutConfig, run_episodes
-from envace.rollout.sources import ModelSource, example_for, output_shape_error
+from envace.rollout.sources import ModelSource, example_for, output_shape_error, record_holds
 from envace.testtime.fidelity import (
     FidelityPair,
     cases_from_trajectories,
@@ -88,8 +88,14 @@ def shape_failures(task: Task, traj: Trajectory) -> int:
 
 
 def recorded_answers(task: Task, traj: Trajectory) -> int:
-    """Rehearsed tool responses to calls that match a recorded example of the task."""
-    return sum(1 for call, answer in trajectory_calls(traj) if answer.rehearsed and example_for(task, call) is not None)
+    """Rehearsed tool responses to calls that match a recorded example of the task while the
+    record holds (before the episode's first write): those a source with examples_as_recorded
+    answers from the record."""
+    n, earlier = 0, []
+    for call, answer in trajectory_calls(traj):
+        n += answer.rehearsed and example_for(task, call) is not None and record_holds(task, earlier)
+        earlier.append((call, answer.content))
+    return n
 
 
 def _mean(xs: list[float]) -> float:

@@ -18,6 +18,7 @@ from envace.core.errors import is_error
 from envace.core.prompts import PromptStyle, render_simulator_prompt
 from envace.core.safejson import clean_text
 from envace.core.toolcall import RESULT_CLOSE, parse_execution_result
+from envace.core.tools import writes_of
 from envace.core.types import EnvRef, Example, Source, Task, ToolCall, ToolSpec, TurnSample
 from envace.core.validate import schema_error
 from envace.envs.provider import WorldProvider
@@ -163,6 +164,22 @@ def example_for(task: Task, call: ToolCall) -> Example | None:
     return None
 
 
+def record_holds(task: Task, earlier: list[tuple[ToolCall, str]]) -> bool:
+    """Whether a recorded result can still be the answer: examples record the task's initial state,
+    so they hold until the episode makes a write (a call of a tool that writes, per the task's
+    ``reference.write_tools`` or the tools' ``readOnlyHint`` annotations; unknown counts as a write)
+    that did not fail. After one, a recorded read may be stale and the rehearse role answers."""
+    writes = None
+    for call, text in earlier:
+        writes = writes or writes_of(task)
+        if not writes(call.name):
+            continue
+        value, why = safejson.loads(text) if isinstance(text, str) else (None, "not text")
+        if not (why is None and is_error(value)):
+            return False
+    return True
+
+
 def output_schema_of(spec: ToolSpec | None) -> dict[str, Any] | None:
     """The tool's declared output shape: an ``output_schema`` / ``outputSchema`` (MCP's name) on the
     tool or its function; None when none is declared."""
@@ -234,7 +251,8 @@ class ModelSource:
     Grounding in what the task gives: with ``examples_as_recorded`` a call that matches a recorded
     example (:func:`example_for`) is answered with the recorded result (the model does not
     generate it unless ``example_reward`` asks for a training sample), so a recorded call is never
-    rehearsed into something else. A generated result that does not fit the tool's declared
+    rehearsed into something else; only until the episode's first write (:func:`record_holds`),
+    after which the record may be stale. A generated result that does not fit the tool's declared
     output shape (:func:`output_shape_error`) reaches the caller as written but counts as a
     format failure (``format_ok`` False, the reason in ``extra["shape_error"]``), as non-JSON
     output does: the trajectory counts it and ``grpo.sim_format_reward`` does not pay it. With
@@ -262,7 +280,8 @@ class ModelSource:
         if not requests:
             return []
         grounded = self.examples_as_recorded or self.example_reward
-        examples = [example_for(r.task, r.call) if grounded else None for r in requests]
+        examples = [example_for(r.task, r.call) if grounded and record_holds(r.task, r.earlier) else None
+                    for r in requests]
         out: list[ToolResponse | None] = [None] * len(requests)
         todo = [i for i, ex in enumerate(examples) if self._generates(ex)]
         if todo:
