@@ -21,7 +21,7 @@ datasets = pytest.importorskip("datasets")
 
 def test_tasks_round_trip_through_a_dataset_with_real_splits(tmp_path, capsys):
     src = tmp_path / "tasks.jsonl"
-    every = select_tasks("shop", "all", None, tool_distractors=1, tasks_per_world=60)
+    every = select_tasks("shop", "all", None, tasks_per_world=60)
     tasks = [t for t in every if t.split == "train"][:8] + [t for t in every if t.split == "test"][:4]
     tasks = tasks[::2] + tasks[1::2]  # the splits interleaved in the file
     src.write_text("".join(t.model_dump_json(exclude_none=True) + "\n" for t in tasks))
