@@ -44,6 +44,7 @@ from pydantic import ValidationError
 
 from envace.core.jsonl import _field_path
 from envace.core.patterns import schema_patterns, unsafe_pattern
+from envace.core.tools import unguarded_warning
 from envace.core.types import EnvRef, Task
 from envace.core.validate import schema_error
 
@@ -368,6 +369,8 @@ def check_tasks(checked: CheckedTasks, world: Any = None, trust_task_worlds: boo
             except Exception as e:  # noqa: BLE001 - a check that fails is reported, never a traceback
                 found = [("-", f"could not be checked: {type(e).__name__}: {e}", "error")]
             checked.problems += [Problem(rec.line, f, m, s, file=rec.file) for f, m, s in found]
+        if not checked.errors and (why := unguarded_warning(checked.tasks)):  # rehearsal cannot check their writes
+            checked.problems.append(Problem("-", "reference", why, "warning"))
     finally:
         worlds.close()
     return checked
