@@ -168,3 +168,18 @@ def test_trl_sft_trainer_takes_the_trajectories_as_they_are(traj_run, tmp_path):
     # what it trained on is the training prompt format: tools in the system message, calls as <tool_call>
     first = tok.decode(trainer.train_dataset[0]["input_ids"])
     assert "Tools:\n" in first and "<|im_start|>system" in first
+
+
+def test_trajectories_whose_tasks_cannot_be_rebuilt_export_without_tools(traj_run, tmp_path, capsys):
+    import shutil
+
+    run, _ = traj_run
+    bare = tmp_path / "bare-run"
+    bare.mkdir()
+    shutil.copy(run / "trajectories.jsonl", bare)
+    (bare / "config.yaml").write_text("task_file: /nonexistent/tasks.jsonl\n")
+    assert main(["export", "trajectories", str(bare), "--to", str(tmp_path / "out")]) == 0
+    assert "could not be rebuilt" in capsys.readouterr().out
+    ds = datasets.load_dataset(str(tmp_path / "out"))["train"]
+    assert set(ds["tools"]) == {None} and ds[0]["messages"][0]["role"] == "user"
+    assert "have no `tools`" in (tmp_path / "out" / "README.md").read_text()

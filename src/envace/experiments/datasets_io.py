@@ -247,7 +247,7 @@ as training did; other models' templates render them their own way.
 """
 
 
-def export_trajectories(run: str | Path, to: str | Path, force: bool = False) -> Path:
+def export_trajectories(run: str | Path, to: str | Path, force: bool = False, log=print) -> Path:
     from envace.core.jsonl import read_jsonl_dicts
 
     run = Path(run)
@@ -268,6 +268,9 @@ def export_trajectories(run: str | Path, to: str | Path, force: bool = False) ->
     missing = sum(1 for r in rows if r["tools"] is None)
     note = (f"\n{missing} of {len(rows)} rows have no `tools` and no system message: their tasks could not "
             "be rebuilt from the run's config.yaml.\n" if missing else "")
+    if missing:
+        log(f"export: {missing} of {len(rows)} trajectories without tools or system prompt (their tasks could not "
+            f"be rebuilt from {run / 'config.yaml'})")
     return write_dataset({"train": rows}, to, "trajectories", TRAJ_CARD.format(
         title=Path(to).name, source=run.resolve().name, n=len(rows), tools_note=note), force)
 
