@@ -92,9 +92,12 @@ def _checkpoint_of(path: Path) -> Path:
 
 
 def _short(value: Any) -> Any:
-    """Paths of the exporting machine shortened to their last part (a card travels; they do not)."""
-    if isinstance(value, str) and (value.startswith(("/", "~")) or (len(value) > 2 and value[1:3] in (":\\", ":/"))):
-        return Path(value.replace("\\", "/")).name or value
+    """Paths of the exporting machine shortened to their last part (a card travels; they do not),
+    also inside a command line such as ``mcp:python /home/me/server.py``."""
+    if isinstance(value, str):
+        return " ".join(Path(w.replace("\\", "/")).name or w
+                        if w.startswith(("/", "~")) or (len(w) > 2 and w[1:3] in (":\\", ":/")) else w
+                        for w in value.split(" "))
     if isinstance(value, dict):
         return {k: _short(v) for k, v in value.items()}
     if isinstance(value, list):
