@@ -11,9 +11,10 @@ A field the server does not implement is refused with a 400 that names it, in Op
 shape, never silently ignored; an unknown ``model`` is a 404. Generation is serialised: one worker
 thread runs every backend call (and every weight load), so the weights never see two generations
 at once; requests wait in its queue, and past ``max_queue`` waiting requests the answer is 503 with
-``Retry-After``. A stream is sent once its generation is done (the backend generates whole
-batches): the protocol is OpenAI's, the first token just comes with the last. Every request is
-logged on one line (``envace.serve``: method, path, status, milliseconds).
+``Retry-After``; a request whose client left while it waited is dropped unserved. A stream is
+sent once its generation is done (the backend generates whole batches): the protocol is
+OpenAI's, the first token just comes with the last. Every request is logged on one line
+(``envace.serve``: method, path, status, milliseconds).
 
 It exists so that a CPU model can act as a judge, user simulator or external simulator for
 another process, and so that the HTTP backend is tested against a real server. For throughput on
@@ -223,6 +224,8 @@ class OpenAIServer:
     # ------------------------------------------------------------------ lifecycle
 
     def _make_uvicorn(self) -> uvicorn.Server:
+        # Idle connections are kept longer than clients keep theirs (httpx2: 5 s), so a client never
+        # reuses one the server has just closed.
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off", ws="none",
                                 backlog=2048, timeout_graceful_shutdown=3, timeout_keep_alive=30)
         self._uvicorn = uvicorn.Server(config)
