@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from envace.cli.main import main
-from envace.core.prompts import PromptStyle, render_caller_prompt
+from envace.core.prompts import CALLER_SYSTEM, PromptStyle, render_caller_prompt
 from envace.core.toolcall import format_tool_call
 from envace.core.types import Message, ToolCall
 from envace.experiments.chat_template import export_chat_template
@@ -99,8 +99,6 @@ def _openai_chat(task, call, result, system: bool):
                 "name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}]},
             {"role": "tool", "tool_call_id": "c1", "name": call.name, "content": result}]
     if system:
-        from envace.core.prompts import CALLER_SYSTEM
-
         msgs.insert(0, {"role": "system", "content": CALLER_SYSTEM.format(domain=task.domain)})
     return msgs
 
@@ -152,6 +150,12 @@ def test_exported_chat_template_renders_tools_as_training_did(run, tmp_path):
         other = load_model("tiny")[1]
         other.chat_template = export_chat_template(tok, style)
         _assert_template_matches_training(tok, other, style, tasks)
+    # any domain name survives the trip through a Jinja string literal
+    odd = load_model("tiny")[1]
+    odd.chat_template = export_chat_template(tok, PromptStyle(), 'caf\u00e9 \U0001f600 "q" \\ x')
+    text = odd.apply_chat_template([{"role": "user", "content": "hi"}], tools=[], add_generation_prompt=True,
+                                   tokenize=False)
+    assert CALLER_SYSTEM.format(domain='caf\u00e9 \U0001f600 "q" \\ x') + "\nTools:\n<|im_end|>" in text
     # exporting an export wraps the model's template once, not twice
     again = load_model("tiny")[1]
     again.chat_template = export_chat_template(exported, PromptStyle(), "calendar")

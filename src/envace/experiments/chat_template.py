@@ -100,8 +100,9 @@ _WRAPPER = (
 
 
 def _literal(text: str) -> str:
-    # A Jinja string literal: JSON's escapes (\n, \", \uXXXX) are ones Jinja's lexer decodes too.
-    return json.dumps(text, ensure_ascii=True)
+    # A Jinja string literal: JSON's escapes (\n, \") are ones Jinja's lexer decodes too; other
+    # characters stay as they are (an escaped astral character would decode to two surrogates).
+    return json.dumps(text, ensure_ascii=False)
 
 
 def base_template(template: str) -> str:
