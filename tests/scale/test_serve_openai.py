@@ -134,6 +134,9 @@ def test_an_unknown_model_is_a_404_and_response_format_text_is_fine(tiny_server)
     assert err.value.body["code"] == "model_not_found" and "tiny" in err.value.body["message"]
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="tiny-2", prompt="Hi", max_tokens=2)
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
     out = client.chat.completions.create(model="tiny", messages=HI, max_tokens=2, response_format={"type": "text"})
     assert out.choices[0].message.role == "assistant"
 

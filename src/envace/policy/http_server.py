@@ -526,6 +526,15 @@ class OpenAIServer:
         async def models(request: Request) -> Response:
             return self._refuse_key(request) or JSONResponse(self.models())
 
+        async def model(request: Request) -> Response:
+            if refused := self._refuse_key(request):
+                return refused
+            name = request.path_params["name"]
+            if name != self.model_name:
+                return _error(404, f"the model '{name}' does not exist: this server serves '{self.model_name}'",
+                              param="model", code="model_not_found")
+            return JSONResponse(self.models()["data"][0])
+
         async def not_found(request: Request, exc: Exception) -> Response:
             status = getattr(exc, "status_code", 404)
             if status == 405:
@@ -533,6 +542,7 @@ class OpenAIServer:
             return _error(status, f"no route {request.method} {request.url.path}", "not_found_error")
 
         routes = [Route("/health", health), Route("/v1/health", health), Route("/v1/models", models),
+                  Route("/v1/models/{name:path}", model),
                   Route("/v1/completions", self._endpoint(CompletionRequest, self._complete, _completion_json,
                                                           _completion_events), methods=["POST"]),
                   Route("/v1/chat/completions", self._endpoint(ChatRequest, self._chat, _chat_json, _chat_events),
