@@ -90,7 +90,7 @@ class _Body(BaseModel):
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
     user: str | None = None  # an end-user id: informational only
-    # Accepted only at their neutral value (checked in _neutral): sampling ignores them.
+    # Accepted only at their neutral value (_NEUTRAL): sampling does not implement them.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
