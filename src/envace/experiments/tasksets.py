@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from envace.core.types import Task, Trajectory
 from envace.envs.registry import spec_label
@@ -99,6 +99,8 @@ class TaskSet:
     train_pool: list
     held_out: list
     kind: EvalKind  # how the eval answers tool calls: the real world, or the policy rehearsing
+    # Scored by the task's checklist (its verdicts name why an episode failed: experiments/failures.py)
+    checklist: ClassVar[bool] = True
     # The real worlds' source, one for the run (training with source real, and every eval), so that
     # worlds resolve (an MCP server's tools are listed) once; None: the benchmark's environment.
     real: RealSource | None = None
@@ -176,6 +178,7 @@ class BenchTasks(TaskSet):
     """A paper benchmark's entries: its user, step limits and scorer; its environment for the eval."""
 
     bench: BenchTaskSet | None = None
+    checklist: ClassVar[bool] = False  # the benchmark's own scorer
 
     @classmethod
     def load(cls, cfg: TrainConfig) -> BenchTasks:

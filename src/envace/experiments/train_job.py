@@ -20,12 +20,11 @@ from transformers import AutoTokenizer
 
 from envace.core.prompts import PromptStyle
 from envace.core.types import Task, Trajectory
-from envace.experiments.bench_train import BenchTaskSet, bench_episodes
 from envace.experiments.config import TrainConfig
 from envace.experiments.metrics_log import MetricsLog
 from envace.experiments.trackers import json_config, make_trackers
 from envace.experiments.eval_models import run_config, train_style
-from envace.experiments.factory import GenerationSettings, make_actor, make_judge, make_source
+from envace.experiments.factory import GenerationSettings, make_actor, make_judge
 from envace.experiments.rollout_backends import rollout_backends
 from envace.experiments.models import RunModels, frozen_copy, load_frozen, load_policy, split_for_mode, with_lora
 from envace.experiments.failures import failure_rows
@@ -33,15 +32,14 @@ from envace.experiments.gap import GapParts, failure_metrics, gap_metrics, gap_s
 from envace.experiments.progress import JobClock, StepProgress
 from envace.experiments.report import write_train_report
 from envace.experiments.rundir import RunDir
-from envace.experiments.tasksets import (eval_kind, eval_tasks, has_real_world, real_eval_tasks, sampled_pool,  # noqa: F401
-                                         task_set, train_tasks)
+from envace.experiments.tasksets import (EvalKind, TaskSet, WorldTasks, eval_kind, eval_tasks,  # noqa: F401
+                                         has_real_world, real_eval_tasks, sampled_pool, task_set, train_tasks)
 from envace.experiments.train_step import Trainer, own_forward_logprobs, train_step
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
 from envace.policy.threads import AdaptiveThreads
 from envace.policy.transformers_backend import TransformersBackend, generation_dtype
 from envace.rollout.diagnostics import Truncation, truncated_fractions, truncation_counts
-from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
 from envace.rollout.sources import RealSource
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
@@ -122,15 +120,14 @@ def grpo_pool(cfg: TrainConfig) -> list[Task]:
 
 
 def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: TrainConfig,
-                  accelerator: Any | None = None, bench: BenchTaskSet | None = None, judge: Any = None,
-                  kind: str = "real", real: RealSource | None = None,
-                  log: Any = None, sim_model: torch.nn.Module | None = None,
+                  accelerator: Any | None = None, task_set: TaskSet | None = None, judge: Any = None,
+                  kind: EvalKind = "real", log: Any = None, sim_model: torch.nn.Module | None = None,
                   details: dict[str, Any] | None = None) -> tuple[dict[str, float], list[Trajectory]]:
-    """Success on held-out tasks with the real world answering, whatever the training source
-    (with ``bench``: the benchmark's entries, environment and scorer). ``kind="rehearsal"``:
-    no real world exists, the policy rehearses the responses (nothing is recorded for training).
-    ``real``: the run's real source, reused so that its worlds are resolved (an MCP server's tools
-    listed) once per run; without one, a source is made and closed here. ``log``: a line per turn.
+    """Success on held-out tasks with the real world answering, whatever the training source:
+    ``task_set`` plays them (a benchmark's: its entries, environment and scorer; its real source
+    is the run's, so worlds resolve once per run). Without one, the worlds' tasks with a real
+    source made and closed here; ``kind="rehearsal"``: no real world exists, the policy rehearses
+    the responses (nothing is recorded for training). ``log``: a line per turn.
     On several processes each rank runs its share of the tasks; every rank gets all of them.
     With a real world and ``eval.rehearsal_gap``, the same tasks also run rehearsal-judged
     (``sim_model`` rehearsing, default ``model``) beside the real run, with the rehearse role's
@@ -141,23 +138,14 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
                                   kv_reuse_tokens=cfg.rollout.kv_reuse_tokens)
     mine, actor = dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed)
     k = cfg.eval.samples
-    if bench is not None:
-        trajs, _ = bench_episodes(bench, mine, actor, None, backend, cfg.seed, group_size=k)
-    else:
-        if kind == "real":
-            source: Any = real if real is not None else RealSource(cfg.world)
-        else:
-            source = make_source("rehearsal", backend, gen, cfg.seed)
-            source.record_samples = False
-        try:
-            progress = log_turns(log, "  eval: ", cfg.rollout.max_turns) if log else None
-            trajs, _ = run_episodes(mine, actor, source, RolloutConfig(group_size=k, max_turns=cfg.rollout.max_turns),
-                                    judge=judge, on_turn=progress)
-        finally:
-            if kind == "real" and real is None:
-                source.close()
+    ts = task_set or WorldTasks(cfg, [], tasks, kind, RealSource(cfg.world))
+    try:
+        trajs = ts.evaluate(mine, actor, backend, gen, cfg.seed, judge=judge, log=log)
+    finally:
+        if task_set is None:
+            ts.close()
     gap = None
-    if bench is None and kind == "real" and cfg.eval.rehearsal_gap:
+    if ts.checklist and ts.kind == "real" and cfg.eval.rehearsal_gap:
         sim = backend if sim_model is None or sim_model is model else TransformersBackend(
             sim_model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch,
             dtype=generation_dtype(cfg.rollout.dtype))
@@ -175,7 +163,7 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
                "eval/tool_calls": sum(t.tool_calls for t in trajs) / n,
                "eval/parse_failures": sum(t.parse_failures for t in trajs) / n,
                **{f"eval/{k}": v for k, v in truncated_fractions(trajs).items()}}
-    if bench is None:
+    if ts.checklist:
         metrics.update(failure_metrics(tasks, trajs))
     if gap is not None:
         metrics.update(gap_metrics(tasks, trajs, gap))
@@ -491,8 +479,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     if anchors:
         log(f"anchor: {cfg.grpo.anchor_samples} of the warm start's {len(anchors)} SFT samples per step, "
             f"weight {cfg.grpo.anchor_coef}")
-    # the eval's tasks and kind; evaluate_real still takes the benchmark's task set itself
-    held_out, kind, bench = tasks.held_out, tasks.kind, getattr(tasks, "bench", None)
+    held_out, kind = tasks.held_out, tasks.kind
     log(tasks.describe_eval())
     eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()  # an EOS-only turn is empty
     device = dist.device(acc, cfg.device)
@@ -512,19 +499,18 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     watch_train, watch_eval = TruncationWatch(cfg, log), TruncationWatch(cfg, log, " in the eval")
 
     judge = make_judge(cfg.judge, backends.caller)
-    real = tasks.real  # the run's one real source (training with source real, and every eval)
     trainer = Trainer(cfg, tasks, models, st.updaters, backends, generation_settings(cfg), eos_ids, judge, anchors, acc)
 
     def do_eval(step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         details: dict[str, Any] = {}
-        metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc, bench, judge=judge,
-                                       kind=kind, real=real, log=log, sim_model=sim_model, details=details)
+        metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc, tasks, judge=judge,
+                                       log=log, sim_model=sim_model, details=details)
         clock.estimate("final eval", time.perf_counter() - t0)  # the same tasks and samples every time
         watch_eval.add(trajs)
         if main:
             run.add_trajectories(_tag(trajs, step, "eval"), name="evals.jsonl")
-            if bench is None:  # per-episode failure classes, real and rehearsal-judged (experiments/failures.py)
+            if tasks.checklist:  # per-episode failure classes, real and rehearsal-judged (experiments/failures.py)
                 run.add_trajectories(failure_rows(held_out, trajs, step=step, source=kind)
                                      + failure_rows(held_out, details.get("rehearsal", []), step=step,
                                                     source="rehearsal_judged"), name="eval_failures.jsonl")
