@@ -54,6 +54,22 @@ def test_the_task_file_validates_against_the_class_and_holds_what_the_issue_asks
     assert len(nested) >= 24  # filters and changes are judged as nested arguments
 
 
+def test_the_portable_file_is_the_same_tasks_without_the_sql_items_and_validates_against_the_server(
+        capsys, monkeypatch, tmp_path):
+    full, portable = _tasks(), [Task.model_validate_json(line) for line in
+                                (HERE / "tasks_portable.jsonl").read_text().splitlines()]
+    assert [t.id for t in portable] == [t.id for t in full]
+    for a, b in zip(full, portable):
+        assert [i for i in a.checklist if i.kind not in ("state", "end_state")] == b.checklist
+        assert a.model_dump(exclude={"checklist"}) == b.model_dump(exclude={"checklist"})
+    pytest.importorskip("mcp")
+    monkeypatch.chdir(HERE.parents[1])  # world.yaml names the server from the repository root
+    nine = tmp_path / "nine.jsonl"  # one task per template: the server is started for each line checked
+    nine.write_text("".join((HERE / "tasks_portable.jsonl").read_text().splitlines(keepends=True)[:9]))
+    assert main(["tasks", "validate", str(nine), "--world", str(HERE / "world.yaml")]) == 0
+    assert "9 tasks, no problems" in capsys.readouterr().out
+
+
 def test_the_examples_are_real_results_from_each_tasks_own_state():
     world = resolve_world(SPEC)
     for t in _tasks()[::7]:
@@ -106,6 +122,30 @@ def test_doing_nothing_scores_zero_and_acting_on_the_wrong_ticket_never_scores_o
     by_id = [(task, traj) for task, traj in zip(tasks, wrong)
              if any("ticket_id" in c.arguments for c in task.reference.calls)]
     assert by_id and all(traj.reward < 1.0 for _, traj in by_id)
+
+
+class _Reworded(OracleActor):
+    """The reference, with the free text (a new ticket's title and description, a comment's body)
+    worded otherwise around the reporter's words."""
+
+    def act(self, views, turn):
+        out = super().act(views, turn)
+        for turn_ in out:
+            for key, prefix in (("title", "Re: "), ("description", "Reported by phone: "), ("body", "Update: ")):
+                turn_.text = turn_.text.replace(f'"{key}": "', f'"{key}": "{prefix}')
+        return out
+
+
+def test_free_text_worded_otherwise_still_scores_one_and_other_arguments_do_not():
+    tasks = [t for t in _tasks() if {c.name for c in t.reference.calls} & {"create_ticket", "add_comment"}]
+    source = RealSource(SPEC)
+    try:
+        reworded, _ = run_episodes(tasks, _Reworded(), source, RolloutConfig(max_turns=5))
+    finally:
+        source.close()
+    assert len(tasks) >= 20 and [t.reward for t in reworded] == [1.0] * len(tasks)
+    assert all('"description": "Reported by phone: ' in m.content or '"body": "Update: ' in m.content
+               for t in reworded for m in t.messages if m.role == "assistant" and "create_ticket" in m.content)
 
 
 def test_the_class_state_is_seeded_and_its_query_is_read_only():
@@ -279,3 +319,24 @@ def test_the_reference_solutions_succeed_against_the_stdio_server_of_world_yaml(
         # an MCP server has no SQL state: state/end_state items go unjudged, the rest are met
         assert traj.reward == 1.0 and all(v.met is (None if v.item.kind in ("state", "end_state") else True)
                                           for v in traj.verdicts), task.id
+
+
+TINY = ["--model", "tiny", "--set", "steps=1", "--set", "tasks_per_step=2", "--set", "group_size=2",
+        "--set", "threads=1", "--set", "eval.tasks=2", "--set", "eval.samples=1", "--set", "eval.temperature=0",
+        "--set", "sft.trajectories=2", "--set", "sft.epochs=1", "--set", "rollout.caller_max_new_tokens=8",
+        "--set", "rollout.simulator_max_new_tokens=8", "--set", "rollout.max_turns=2", "--set", "lora.r=2"]
+
+
+@pytest.mark.slow
+def test_the_config_trains_on_the_class_and_schema_only_on_the_portable_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(HERE.parents[1])  # the config names its files from the repository root
+    config = str(HERE / "config.yaml")
+    assert main(["train", "--config", config, *TINY, "--set", f"out={tmp_path / 'real'}"]) == 0
+    log = capsys.readouterr().out
+    assert "evaluation: real-world" in log and "helpdesk.py:Helpdesk" in log
+    assert main(["train", "--config", config, *TINY, "--set", f"out={tmp_path / 'schema'}", "--set",
+                 f"task_file={HERE / 'tasks_portable.jsonl'}", "--set", "world=null"]) == 0
+    log = capsys.readouterr().out
+    assert "evaluation: rehearsal-judged" in log
+    (run,) = (tmp_path / "schema").iterdir()
+    assert "SFT warm start" in (run / "summary.md").read_text()  # the recorded examples trained the rehearse role
