@@ -6,6 +6,7 @@ A bad value fails before anything runs, with the file and the dotted field path.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,6 +70,36 @@ class RolloutSettings(_Section):
         if self.recompute_logprobs is not None:
             return self.recompute_logprobs
         return self.backend != "transformers" or self.dtype != "float32"
+
+    def generation(self, style: PromptStyle, temperature: float | None = None) -> GenerationSettings:
+        """This section's generation settings with the prompt ``style``; ``temperature``: both
+        roles' (an eval's), instead of rollout.temperature / simulator_temperature."""
+        mine = {f.name: getattr(self, f.name) for f in fields(GenerationSettings) if f.name in type(self).model_fields}
+        if temperature is not None:
+            mine.update(temperature=temperature, simulator_temperature=temperature)
+        return GenerationSettings(**mine, style=style)
+
+
+def _rollout_default(name: str) -> Any:
+    return RolloutSettings.model_fields[name].default
+
+
+@dataclass
+class GenerationSettings:
+    """What actors and rehearsing sources generate with (experiments.factory): a training run's
+    rollout section and prompt style (``RolloutSettings.generation``), or another job's own values.
+    Each default is the rollout section's: no setting has two."""
+
+    caller_max_new_tokens: int = _rollout_default("caller_max_new_tokens")
+    simulator_max_new_tokens: int = _rollout_default("simulator_max_new_tokens")
+    max_prompt_tokens: int = _rollout_default("max_prompt_tokens")
+    temperature: float = _rollout_default("temperature")
+    simulator_temperature: float | None = _rollout_default("simulator_temperature")  # None: ``temperature``
+    top_p: float = _rollout_default("top_p")
+    max_batch: int = _rollout_default("max_batch")
+    style: PromptStyle = field(default_factory=PromptStyle)
+    examples_as_recorded: bool = _rollout_default("examples_as_recorded")
+    example_reward: bool = _rollout_default("example_reward")
 
 
 class GRPOConfig(UpdateSettings):

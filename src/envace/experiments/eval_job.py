@@ -260,7 +260,8 @@ class EvalParts:
 def build_parts(job: EvalJob, caller: Any, simulator_backend: Any, style: PromptStyle | None = None) -> EvalParts:
     style = style or PromptStyle()
     gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.sim_max_new_tokens,
-                             temperature=job.temperature, max_batch=job.max_batch, style=style)
+                             temperature=job.temperature, max_batch=job.max_batch, style=style,
+                             max_prompt_tokens=2048)  # the eval's cap since it has had one (a train run's: its own)
     commit_actor = make_actor(caller, gen, job.seed)
     rehearsal_actor = PolicyActor(backend=caller, style=style, max_new_tokens=job.max_new_tokens,
                                   max_prompt_tokens=gen.max_prompt_tokens, temperature=job.rehearsal_temperature,

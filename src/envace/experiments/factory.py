@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from envace.core.prompts import PromptStyle
+from envace.experiments.config import GenerationSettings
 from envace.policy.transformers_backend import TransformersBackend
 from envace.rollout.actors import PolicyActor
 from envace.rollout.sources import ModelSource, RealSource, ResponseSource
 
 SOURCES = ("real", "rehearsal", "simulator")
-
-
-@dataclass
-class GenerationSettings:
-    caller_max_new_tokens: int = 96
-    simulator_max_new_tokens: int = 96
-    max_prompt_tokens: int = 2048
-    temperature: float = 1.0
-    simulator_temperature: float | None = None  # None: ``temperature``
-    top_p: float = 1.0
-    max_batch: int = 16
-    style: PromptStyle = field(default_factory=PromptStyle)
-    examples_as_recorded: bool = True  # rollout.examples_as_recorded
-    example_reward: bool = False  # rollout.example_reward
 
 
 def load_backend(spec: str, max_batch: int = 16) -> TransformersBackend:

@@ -44,7 +44,8 @@ def run_rollout_job(job: RolloutJob) -> RunDir:
     run = RunDir.create(job.out, "rollout", asdict(job), seed=job.seed)
     print(f"run directory: {run.path}")
     gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.max_new_tokens,
-                             temperature=job.temperature, max_batch=job.max_batch)
+                             temperature=job.temperature, max_batch=job.max_batch,
+                             max_prompt_tokens=2048)  # this job's cap since it has had one (a train run's: its own)
     policy = load_backend(job.model, job.max_batch)
     simulator = None
     if job.source == "simulator":

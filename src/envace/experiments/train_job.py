@@ -62,14 +62,7 @@ def prompt_style(cfg: TrainConfig) -> PromptStyle:
 
 
 def generation_settings(cfg: TrainConfig, temperature: float | None = None) -> GenerationSettings:
-    r = cfg.rollout
-    return GenerationSettings(caller_max_new_tokens=r.caller_max_new_tokens,
-                              simulator_max_new_tokens=r.simulator_max_new_tokens,
-                              max_prompt_tokens=r.max_prompt_tokens,
-                              temperature=r.temperature if temperature is None else temperature,
-                              simulator_temperature=r.simulator_temperature if temperature is None else temperature,
-                              top_p=r.top_p, max_batch=r.max_batch, style=prompt_style(cfg),
-                              examples_as_recorded=r.examples_as_recorded, example_reward=r.example_reward)
+    return cfg.rollout.generation(cfg.prompt, temperature)
 
 
 def sft_possible(cfg: TrainConfig, tasks: list[Task]) -> bool:
