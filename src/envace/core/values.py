@@ -159,10 +159,13 @@ def _pooled(results: list[tuple[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def _unique_mentions(flat: list[dict[str, Any]], i: int, answer: str) -> set[str]:
-    """Keys of record ``i`` whose distinctive value the answer states and no other record shares."""
-    return {k for k, v in flat[i].items()
-            if _distinctive(v) and mentions(answer, v)
-            and not any(_same_value(o.get(k), v) for j, o in enumerate(flat) if j != i)}
+    """Keys of record ``i`` whose distinctive value the answer states and no other record shares
+    (a value stated only inside another stated value, "checking" in "Everyday Checking", names
+    nothing of its own)."""
+    stated = {k: norm_text(str(v)) for k, v in flat[i].items() if _distinctive(v) and mentions(answer, v)}
+    return {k for k, v in stated.items()
+            if not any(v != u and v in u for u in stated.values())
+            and not any(_same_value(o.get(k), flat[i][k]) for j, o in enumerate(flat) if j != i)}
 
 
 def _excludable(value: Any, answer: str, plain: str, instruction: str, keep: list[str]) -> bool:
@@ -193,12 +196,15 @@ def derive_excludes(results: list[tuple[str, Any]], answer: str, must_contain: l
         if not named or len(named) == len(flat):
             continue
         keys = set().union(*(keys_of[i] for i in named))
+        # a value the named records hold in any field is theirs to state (a slot's end is the next one's start)
+        theirs = {norm_text(str(v)) for i in named for v in flat[i].values()}
         for i, other in enumerate(flat):
             if i in named:
                 continue
             for key in sorted(keys):
-                if _excludable(other.get(key), answer, plain, instruction, keep):
-                    out[str(other[key])] = None
+                value = other.get(key)
+                if _excludable(value, answer, plain, instruction, keep) and norm_text(str(value)) not in theirs:
+                    out[str(value)] = None
     return list(out)[:limit]
 
 
