@@ -11,9 +11,11 @@ import time
 
 import httpx2
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from envace.core.sampling import Generation, SamplingParams
-from envace.policy.http_server import OpenAIServer
+from envace.policy.http_server import OpenAIServer, RequestError
 
 openai = pytest.importorskip("openai")
 
@@ -252,3 +254,49 @@ def test_a_request_whose_client_left_while_queued_is_not_generated(tiny_backend,
     said = [tiny_backend.tokenizer.decode(p) for p in writes.prompts]
     assert said == ["Hi", "Hi"]  # the abandoned request never reached the model
     assert any(r.getMessage().startswith("POST /v1/completions 499") for r in caplog.records)
+
+
+_leaf = st.none() | st.booleans() | st.integers(-3, 300) | st.floats(allow_nan=False) | st.text(max_size=8)
+_json = st.recursive(_leaf,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                   max_size=3), max_leaves=8)
+_CHOICES = ["none", "auto", "required", "bogus", {"type": "function", "function": {"name": "get_order"}},
+            {"type": "function", "function": "get_order"}, {"type": "function"}, {"function": {"name": "x"}}]
+_TOOLSETS = [TOOLS, [], [{"type": "function", "function": "x"}], [{"type": "function", "function": {"name": 5}}],
+             [{"type": "retrieval"}]]
+_FIELDS = {  # mostly plausible values, so that a body often gets past the first check
+    "model": st.sampled_from(["tiny", "other"]), "n": st.integers(-1, 3),
+    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}, {}]),
+    "logprobs": st.booleans() | _json, "top_logprobs": st.integers(-1, 2), "stream": st.booleans(),
+    "stream_options": st.sampled_from([{"include_usage": True}, {"x": 1}]),
+    "stop": st.sampled_from(["</x>", ["a", ""], 5]),
+    "max_tokens": st.integers(-1, 4), "temperature": st.floats(0, 2) | st.text(max_size=3),
+    "parallel_tool_calls": st.booleans(), "presence_penalty": st.sampled_from([0, 0.5]), "metadata": _json}
+_body = st.tuples(st.fixed_dictionaries({"tools": st.sampled_from(_TOOLSETS) | _json,
+                                         "tool_choice": st.sampled_from(_CHOICES) | _json}),
+                  st.sets(st.sampled_from(sorted(_FIELDS)), max_size=3).flatmap(
+                      lambda keys: st.fixed_dictionaries({k: _FIELDS[k] for k in keys}))).map(lambda d: d[0] | d[1])
+_message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool", "system", "bot"])},
+                                 optional={"content": st.text(max_size=20) | _json, "tool_calls": st.sampled_from([
+                                     [{"function": {"name": "get_order", "arguments": '{"order_id": "o-1"}'}}],
+                                     [{"function": {"name": "get_order", "arguments": "{not json"}}],
+                                     [{"function": "get_order"}], [5], "call"]) | _json})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=_body, messages=st.lists(_message, max_size=3))
+def test_any_body_is_an_answer_or_a_request_error(hostile_server, body, messages):
+    """Whatever a client sends, the server answers or refuses with a RequestError (a 400/404),
+    never another exception (a 500)."""
+    body = {"messages": messages, **body} if messages else body
+    try:
+        hostile_server.chat_completions(body)
+    except RequestError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tiny_backend):
+    server = OpenAIServer(_Writes(tiny_backend.tokenizer, "<tool_call>{}", 0), model_name="tiny")
+    yield server
+    server.close()

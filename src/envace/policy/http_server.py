@@ -84,7 +84,7 @@ class _Body(BaseModel):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    n: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, le=128)  # OpenAI's limit; more would hold the one worker
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool | None = None
