@@ -300,3 +300,23 @@ def hostile_server(tiny_backend):
     server = OpenAIServer(_Writes(tiny_backend.tokenizer, "<tool_call>{}", 0), model_name="tiny")
     yield server
     server.close()
+
+
+_COMPLETION_FIELDS = {
+    "prompt": st.sampled_from(["Hi", [1, 2], [[1], [2, 3]], ["a", "b"], [], [-1], [10 ** 9], [True], [[]]]) | _json,
+    "n": st.integers(-1, 3), "logprobs": st.integers(-1, 3) | _json, "echo": st.booleans(),
+    "return_tokens_as_token_ids": st.booleans(), "include_stop_str_in_output": st.booleans(),
+    "stop": st.sampled_from(["ok", ["o", ""], 5]), "max_tokens": st.integers(-1, 4), "best_of": st.integers(0, 2),
+    "stream": st.booleans(), "suffix": st.sampled_from(["", "!"]), "logit_bias": st.sampled_from([{}, {"1": 5}])}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.sets(st.sampled_from(sorted(_COMPLETION_FIELDS)), max_size=4).flatmap(
+    lambda keys: st.fixed_dictionaries({"prompt": _COMPLETION_FIELDS["prompt"]} | {
+        k: _COMPLETION_FIELDS[k] for k in keys})))
+def test_any_completion_body_is_an_answer_or_a_request_error(hostile_server, body):
+    try:
+        out = hostile_server.completions(body)
+    except RequestError:
+        return
+    assert len(out["choices"]) >= 1
