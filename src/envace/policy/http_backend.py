@@ -163,7 +163,7 @@ class HTTPBackend:
         self._slots = threading.BoundedSemaphore(self.max_concurrency)
         auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._client = httpx2.Client(
-            timeout=self.timeout, headers={"Accept": "application/json", **auth, **self.headers},
+            timeout=self.timeout, headers={"Accept": "application/json", **auth, **self.headers}, follow_redirects=True,
             limits=httpx2.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency))
         self._model_lock = threading.Lock()
         self._warned_alignment = False
