@@ -51,7 +51,9 @@ def test_a_schema_only_task_file_trains_by_rehearsal_and_says_how_it_was_evaluat
     out = tmp_path / "runs"
     assert main(["train", "--tasks-file", str(tasks), *TINY, "--set", f"out={out}"]) == 0
     log = capsys.readouterr().out
-    assert "SFT warm start skipped" in log and "evaluation: rehearsal-judged" in log
+    # No world and no recorded results: the warm start trains the rehearse role on the examples alone.
+    assert "warm start data: 0 caller samples" in log and "from recorded examples" in log
+    assert "evaluation: rehearsal-judged" in log
     run = _only_run(out)
     evals = [r for r in run.metrics() if r["phase"] == "eval"]
     assert [r["step"] for r in evals] == [0, 1] and {r["eval_kind"] for r in evals} == {"rehearsal"}

@@ -154,6 +154,11 @@ class SFTConfig(_Section):
     error_probes: int = Field(0, ge=0, description="per trajectory with simulator samples, up to this many more: "
                               "a call with an id the world does not have, the target its real error (the oracle "
                               "never errs; embedded worlds only)")
+    example_samples: int | None = Field(None, ge=0, description="with the simulator role: up to this many of the "
+                                        "train tasks' recorded examples (distinct ones, drawn by seed) also become "
+                                        "simulator samples (call -> recorded result), world or not; 0: none; None: "
+                                        "all of a task file's, none of the embedded worlds' (generated from the "
+                                        "same states the replays show)")
     init_from: str | None = Field(None, description="reuse the warm start of an earlier run: its <run>/sft dir")
     vocab: int | None = Field(None, ge=300, description="for a llama: model trained from scratch: train a byte-level "
                               "BPE of this many tokens on the warm start's oracle text and size the model's "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ from envace.rollout.sources import RealSource
 from envace.train.checkpoint import (find_latest, load_checkpoint, read_optimizer_state, resolve_checkpoint,
                                      save_checkpoint)
 from envace.train.copy_warmup import copy_warmup, data_vocabulary
-from envace.train.sft import oracle_sft_samples, run_sft, target_turn_lengths
+from envace.train.sft import (WarmStartData, oracle_warm_start, replayable, run_sft, target_turn_lengths,
+                              why_not_replayable)
 from envace.train import distributed as dist
 from envace.train.step import UpdaterConfig, updaters_for_mode
 
@@ -65,22 +67,42 @@ def generation_settings(cfg: TrainConfig, temperature: float | None = None) -> G
     return cfg.rollout.generation(cfg.prompt, temperature)
 
 
+def example_limit(cfg: TrainConfig) -> int:
+    """How many recorded examples become simulator samples (``sft.example_samples``; None: all of a
+    task file's, none of the embedded worlds'); 0 without the simulator role."""
+    if "simulator" not in cfg.sft.roles:
+        return 0
+    if cfg.sft.example_samples is not None:
+        return cfg.sft.example_samples
+    return 0 if cfg.task_file is None else 1_000_000
+
+
 def sft_possible(cfg: TrainConfig, tasks: list[Task]) -> bool:
-    """The warm start replays reference solutions in the real world: it needs both."""
-    return cfg.sft.enabled and any(t.reference is not None and t.reference.calls and has_real_world(t, cfg)
-                                   for t in tasks)
+    """The warm start has something to train on: a reference it can replay (in a real world, or
+    from its recorded results) or, with the simulator role, recorded examples."""
+    return cfg.sft.enabled and (
+        any(replayable(t, cfg.world) and t.reference is not None and t.reference.calls for t in tasks)
+        or (example_limit(cfg) > 0 and any(t.examples for t in tasks)))
+
+
+def warm_start_data(cfg: TrainConfig, tasks: list[Task], tokenizer: Any,
+                    example_pool: list[Task] | None = None) -> WarmStartData:
+    """The warm start's data: the oracle's replays of ``tasks`` and, as ``sft.example_samples``
+    says, ``example_pool``'s recorded examples, as the run's sft section asks."""
+    return oracle_warm_start(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles,
+                             simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world,
+                             error_probes=cfg.sft.error_probes, example_tasks=example_pool or (),
+                             example_limit=example_limit(cfg), seed=cfg.seed)
 
 
 def warm_start_samples(cfg: TrainConfig, tasks: list[Task], tokenizer: Any) -> list:
     """The SFT samples of the oracle's trajectories on ``tasks``, as the run's sft section asks."""
-    return oracle_sft_samples(tasks, tokenizer, prompt_style(cfg), roles=cfg.sft.roles,
-                              simulator_tasks=cfg.sft.simulator_trajectories, world=cfg.world,
-                              error_probes=cfg.sft.error_probes)
+    return warm_start_data(cfg, tasks, tokenizer).samples
 
 
 def sft_tasks(cfg: TrainConfig, pool: list[Task]) -> list[Task]:
     """The warm start's tasks: a function of the seed, so ``sft.init_from`` runs agree on them."""
-    usable = [t for t in pool if t.reference is not None and has_real_world(t, cfg)]
+    usable = [t for t in pool if replayable(t, cfg.world)]
     return random.Random(cfg.seed).sample(usable, min(cfg.sft.trajectories, len(usable)))
 
 
@@ -248,11 +270,19 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
         return
     pool = train_tasks(cfg)
     if not sft_possible(cfg, pool):
-        log("SFT warm start skipped: no train task has a reference solution and a real world to replay it in "
-            "(set sft.enabled: false to silence this); GRPO starts from the model as loaded")
+        log("SFT warm start skipped: no train task has a reference to replay (in a real world, or from results "
+            "recorded in reference.calls[i].result) nor recorded examples for the simulator role (set "
+            "sft.enabled: false to silence this); GRPO starts from the model as loaded")
         return
     tasks = sft_tasks(cfg, pool)
-    samples = warm_start_samples(cfg, tasks, tokenizer)
+    data = warm_start_data(cfg, tasks, tokenizer, pool)
+    data.skipped = Counter(why for t in pool if (why := why_not_replayable(t, cfg.world)) is not None)
+    log(f"warm start data: {data.describe()}")
+    samples = data.samples
+    if not samples:
+        log("SFT warm start skipped: it has no samples left (see the line above); GRPO starts from the model "
+            "as loaded")
+        return
     for role, lengths in target_turn_lengths(samples).items():
         cap = getattr(cfg.rollout, f"{role}_max_new_tokens")
         over = sum(n > cap for n in lengths) / len(lengths)
@@ -278,7 +308,8 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
             f"{cw.last_loss:.3f}, copy accuracy {cw.accuracy:.3f}")
         run.log_metrics({"phase": "sft", "step": 0, "copy/last_loss": cw.last_loss, "copy/accuracy": cw.accuracy,
                          "copy/seconds": time.perf_counter() - t0})
-    log(f"SFT warm start: {len(tasks)} oracle trajectories, {len(samples)} samples, {cfg.sft.epochs} epochs")
+    log(f"SFT warm start: {data.in_world + data.from_records} oracle trajectories, {len(samples)} samples, "
+        f"{cfg.sft.epochs} epochs")
     bar = StepProgress("sft", total=None, clock=clock)
     stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
                     batch_samples=cfg.sft.batch_samples, schedule=cfg.sft.schedule,
@@ -286,7 +317,10 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
                     on_step=_on_step(bar, threads), mixed_precision=cfg.mixed_precision)
     bar.close()
     run.log_metrics({"phase": "sft", "step": 0, "sft/first_loss": stats.first_loss, "sft/last_loss": stats.last_loss,
-                     "sft/samples": stats.samples, "sft/tokens": stats.tokens, "sft/seconds": time.perf_counter() - t0})
+                     "sft/samples": stats.samples, "sft/tokens": stats.tokens, "sft/seconds": time.perf_counter() - t0,
+                     "sft/replays_in_world": data.in_world, "sft/replays_from_records": data.from_records,
+                     "sft/example_samples": data.example_samples,
+                     "sft/replays_dropped": sum(len(ids) for ids in data.dropped.values())})
     save_checkpoint(run.path / SFT_DIR, policy, step=0, keep_last=1, tokenizer=tokenizer)
 
 
@@ -428,13 +462,44 @@ def job_plan(cfg: TrainConfig, resume: bool) -> list[tuple[str, str]]:
     if warm and cfg.sft.copy_warmup_steps:
         plan.append(("copy warm-up", f"{cfg.sft.copy_warmup_steps:,} steps"))
     if warm:
-        plan.append(("sft", f"{cfg.sft.trajectories} oracle trajectories x {cfg.sft.epochs} epochs, if the tasks "
-                            "have references and a real world"))
-    evals = f", real-world eval every {cfg.eval.every}" if cfg.eval.every else ""
+        plan.append(("sft", f"up to {cfg.sft.trajectories} reference replays x {cfg.sft.epochs} epochs (replayed in "
+                            "a real world or from recorded results; recorded examples train the rehearse role)"))
+    n, kind = _eval_size(cfg)
+    evals = f", {kind} eval every {cfg.eval.every}" if cfg.eval.every else ""
     plan.append(("train", f"{cfg.steps} GRPO steps x {cfg.tasks_per_step} tasks x G={cfg.group_size}{evals}"))
     if _final_eval_wanted(cfg):
-        plan.append(("final eval", f"{cfg.eval.tasks} tasks x {cfg.eval.samples} episodes"))
+        plan.append(("final eval", f"{kind} on {n} tasks x {cfg.eval.samples} episodes"))
     return plan
+
+
+def _eval_size(cfg: TrainConfig) -> tuple[int, str]:
+    """How many tasks the eval runs, and what kind of eval it is (real-world / rehearsal-judged), as
+    the run will find them; a config the run will refuse keeps the configured count."""
+    if cfg.bench is not None:
+        return cfg.eval.tasks, "real-world"
+    try:
+        held_out = real_eval_tasks(cfg, grpo_pool(cfg)) if cfg.eval.split == "pool" else eval_tasks(cfg)
+        kind = eval_kind(cfg, held_out)
+    except (ValueError, OSError):  # the run says what is wrong where it meets it
+        return cfg.eval.tasks, "real-world"
+    return len(held_out), "real-world" if kind == "real" else "rehearsal-judged"
+
+
+def fitted_to_data(cfg: TrainConfig, log: Any = None) -> TrainConfig:
+    """A task-file run's config with the settings the user left unset (token caps, warm-start
+    epochs, eval episodes) fitted to the file (experiments/data_defaults.py); ``log`` says which
+    and why. Other runs keep their config."""
+    if cfg.task_file is None or cfg.bench is not None:
+        return cfg
+    from envace.experiments.data_defaults import fit_to_data, measuring_tokenizer
+
+    pool = train_tasks(cfg)
+    n_eval, _ = _eval_size(cfg)
+    tokenizer, counted = measuring_tokenizer(cfg.model)
+    fitted = fit_to_data(cfg, pool, sft_tasks(cfg, pool), n_eval, tokenizer, counted)
+    if fitted.notes and log is not None:
+        log("fitted to the task file (set any of these to choose otherwise): " + "; ".join(fitted.notes))
+    return fitted.cfg
 
 
 def _final_eval_wanted(cfg: TrainConfig) -> bool:
@@ -455,6 +520,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     main = dist.is_main_process(acc)
     if not main:
         log = _silent  # noqa: F811 - rank 0 speaks for the run
+    if resume is None:
+        cfg = fitted_to_data(cfg, log)
     plan = job_plan(cfg, resume is not None)
     clock = job_clock(cfg, resume is not None)
     log("plan: " + " -> ".join(f"{i}/{len(plan)} {name} ({what})" for i, (name, what) in enumerate(plan, 1)))
