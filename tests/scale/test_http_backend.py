@@ -262,7 +262,7 @@ def test_concurrency_limit_is_respected_and_order_kept():
 def test_a_busy_envace_serve_is_waited_for(tiny_backend, caplog):
     """A full queue answers 503 + Retry-After; the client backs off and gets every answer."""
     caplog.set_level(logging.INFO, logger="envace.serve")
-    with OpenAIServer(_ScriptedBackend(tiny_backend.tokenizer, "ok", delay=0.02), model_name="tiny",
+    with OpenAIServer(_ScriptedBackend(tiny_backend.tokenizer, "ok", delay=0.1), model_name="tiny",
                       max_queue=1) as server:
         with HTTPBackend(server.url, tokenizer=tiny_backend.tokenizer, max_concurrency=8, max_retries=50,
                          **FAST) as http:

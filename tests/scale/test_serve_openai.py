@@ -221,7 +221,7 @@ def test_200_concurrent_requests_are_all_answered_one_generation_at_a_time(tiny_
 
 
 def test_a_full_queue_answers_503_with_retry_after(tiny_backend):
-    with OpenAIServer(_Writes(tiny_backend.tokenizer, "ok"), model_name="tiny", max_queue=4) as server:
+    with OpenAIServer(_Writes(tiny_backend.tokenizer, "ok", delay=0.05), model_name="tiny", max_queue=4) as server:
         answers = asyncio.run(_burst(server.url, 200, {"model": "tiny", "prompt": "Hi", "max_tokens": 2}))
         again = httpx2.post(server.url + "/completions", json={"prompt": "Hi", "max_tokens": 2})
     codes = [r.status_code for r in answers]
