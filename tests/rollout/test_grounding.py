@@ -2,6 +2,7 @@
 checked against the tool's declared output shape, and the rehearse role scored against recorded
 results (rollout.example_reward)."""
 
+import functools
 import json
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from envace.core.sampling import Generation
 from envace.core.toolcall import format_tool_call
 from envace.core.types import Example, FunctionSpec, Task, ToolCall, ToolSpec, Trajectory
-from envace.envs.tasks import load_tasks
+from envace.envs.tasks import generate_tasks
 from envace.rollout.actors import ActorTurn
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import (
@@ -46,9 +47,10 @@ class FixedTextBackend:
                 for _ in prompts]
 
 
+@functools.lru_cache(maxsize=1)
 def _task_with_example():
     """A real shop task that records at least one example, and that example."""
-    for task in load_tasks("shop", "train", limit=40):
+    for task in generate_tasks("shop", n=12, split="train"):
         if task.examples and task.examples[0].arguments:
             return task, task.examples[0]
     raise AssertionError("no shop task with an example that has arguments")
@@ -97,20 +99,14 @@ def test_an_episode_sees_the_recorded_result_in_its_history(tiny_backend):
     assert len(tool) == 1 and json.loads(tool[0].content) == ex.result and tool[0].rehearsed
 
 
-class OutFunction(FunctionSpec):
-    """A function spec carrying MCP's declared output shape."""
-
-    output_schema: dict | None = None
-
-
 ORDER_SCHEMA = {"type": "object", "properties": {"order_id": {"type": "string"}, "status": {"type": "string"}},
                 "required": ["order_id", "status"]}
 
 
 def _shaped_task():
-    spec = ToolSpec(function=OutFunction(name="get_order", parameters={
-        "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
-        output_schema=ORDER_SCHEMA))
+    spec = ToolSpec.model_validate({"type": "function", "function": {"name": "get_order", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}},
+        "outputSchema": ORDER_SCHEMA})
     return Task(id="shape-1", instruction="What is the status of order o-1?", tools=[spec])
 
 
@@ -120,6 +116,8 @@ def test_rehearsed_results_are_checked_against_the_declared_output_shape(tiny_ba
     assert output_shape_error(task, call, {"order_id": "o-1", "status": "shipped"}) is None
     assert "status" in output_shape_error(task, call, {"order_id": "o-1"})
     assert output_shape_error(task, call, {"error": {"code": "NOT_FOUND", "message": "no"}}) is None
+    with pytest.raises(ValueError, match=r"outputSchema\n.*not a JSON schema"):
+        ToolSpec.model_validate({"function": {"name": "f"}, "outputSchema": {"type": 5}})
     no_schema = Task(id="x", instruction="x", tools=[ToolSpec(function=FunctionSpec(name="get_order"))])
     assert output_shape_error(no_schema, call, {"anything": 1}) is None
 
@@ -196,3 +194,37 @@ def test_the_record_answers_only_until_the_episodes_first_write(tiny_backend):
                                  ToolRequest(task=task, call=call, earlier=[(write, '{"cart": []}')], state=None,
                                              trajectory_index=0, turn=1)])
     assert before.extra.get("as_recorded") and not after.extra.get("as_recorded") and "gen_tokens" in after.extra
+
+
+def test_an_mcp_servers_output_schema_is_read_and_checked():
+    """The official SDK's server declares an output schema for typed returns (wrapped as
+    {"result": ...} for a list); envace unwraps it as it unwraps the result, so the real result
+    fits and a rehearsed object in place of the list does not."""
+    import sys
+    from pathlib import Path
+
+    from envace.core.types import EnvRef
+    from envace.envs.registry import resolve_world
+
+    server = Path(__file__).resolve().parents[2] / "examples" / "mcp_notes" / "server.py"
+    provider = resolve_world(f"mcp:{sys.executable} {server}")
+    try:
+        tools = provider.tools()
+        listing = next(t for t in tools if t.name == "list_notes")
+        assert listing.output_schema is not None and listing.output_schema["type"] == "array"
+        env = provider.open(EnvRef())
+        try:
+            real = env.call("list_notes", {})
+        finally:
+            provider.close_environment(env)
+        task = Task(id="notes-1", instruction="list my notes", tools=tools)
+        call = ToolCall(name="list_notes", arguments={})
+        assert isinstance(real, list) and output_shape_error(task, call, real) is None
+        assert output_shape_error(task, call, {"notes": real}) is not None
+        # The schema survives the task file: dumped under output_schema, read back (MCP's name too).
+        again = ToolSpec.model_validate(json.loads(listing.model_dump_json()))
+        assert again.output_schema == listing.output_schema
+        camel = {**listing.model_dump(exclude={"output_schema"}), "outputSchema": listing.output_schema}
+        assert ToolSpec.model_validate(camel).output_schema == listing.output_schema
+    finally:
+        provider.shutdown()

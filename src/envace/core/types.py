@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from envace.core.patterns import schema_patterns, unsafe_pattern
 
@@ -42,17 +42,38 @@ class ToolSpec(_Strict):
     # MCP-style behaviour hints (readOnlyHint, destructiveHint, ...) beside "function", as MCP
     # servers and envace's Python tool decorator give them; absent means unknown (a write).
     annotations: dict[str, Any] | None = None
+    # The declared shape of the tool's result (MCP's outputSchema; a JSON schema): rehearsed
+    # results are checked against it (rollout/sources.py output_shape_error).
+    output_schema: dict[str, Any] | None = Field(None, validation_alias=AliasChoices("output_schema", "outputSchema"))
 
     @property
     def name(self) -> str:
         return self.function.name
 
+    @field_validator("output_schema")
+    @classmethod
+    def _valid_output_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is None:
+            return None
+        import jsonschema
+
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.exceptions.SchemaError as e:
+            raise ValueError(f"not a JSON schema: {e.message}") from None
+        for where, pattern in schema_patterns(schema):
+            if why := unsafe_pattern(pattern):
+                raise ValueError(f"{where or 'output_schema'}.pattern {pattern!r}: {why}")
+        return schema
+
     @model_serializer(mode="wrap")
     def _omit_absent_annotations(self, handler: Any) -> dict[str, Any]:
         # Absent stays absent in every dump, so prompts and files of tools without hints are unchanged.
         out = handler(self)
-        if isinstance(out, dict) and out.get("annotations") is None:
-            out.pop("annotations", None)
+        if isinstance(out, dict):
+            for key in ("annotations", "output_schema"):
+                if out.get(key) is None:
+                    out.pop(key, None)
         return out
 
 

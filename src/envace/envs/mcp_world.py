@@ -207,6 +207,13 @@ def _stderr(files: contextlib.ExitStack) -> Any:
     return files.enter_context(open(os.devnull, "w"))
 
 
+def _leaf(e: BaseException) -> BaseException:
+    """The first real error inside the task groups' exception groups the SDK raises."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
+
+
 def result_value(result: Any) -> Any:
     """A ``CallToolResult`` as the JSON value the caller sees: structured content when the server
     sends it, else the text (parsed as JSON when it is JSON); ``isError`` -> a structured error."""
@@ -238,9 +245,30 @@ def tool_spec(tool: Any) -> ToolSpec:
     if annotations is not None and hasattr(annotations, "model_dump"):
         annotations = annotations.model_dump(by_alias=True, exclude_none=True, mode="json")
     annotations = {k: v for k, v in (annotations or {}).items() if k != "title"} if isinstance(annotations, dict) else {}
-    return ToolSpec.model_validate({"type": "function", "function": {
-        "name": tool.name, "description": tool.description or "", "parameters": schema},
-        **({"annotations": annotations} if annotations else {})})
+    spec = {"type": "function", "function": {"name": tool.name, "description": tool.description or "",
+                                              "parameters": schema},
+            **({"annotations": annotations} if annotations else {})}
+    output = _output_schema(getattr(tool, "output_schema", None) or getattr(tool, "outputSchema", None))
+    if output is not None:
+        try:  # the declared result shape, which rehearsed results are checked against
+            return ToolSpec.model_validate({**spec, "output_schema": output})
+        except ValueError:
+            pass  # a schema envace cannot use (invalid, an unsafe pattern): the tool without it
+    return ToolSpec.model_validate(spec)
+
+
+def _output_schema(schema: Any) -> dict[str, Any] | None:
+    """A tool's output schema as the shape of the value the caller sees: the SDK wraps a
+    non-object return value as ``{"result": ...}`` and :func:`result_value` unwraps it, so the
+    schema is unwrapped the same way."""
+    if not isinstance(schema, dict) or not schema:
+        return None
+    props = schema.get("properties")
+    if isinstance(props, dict) and set(props) == {"result"} and isinstance(props["result"], dict) and (
+            schema.get("x-fastmcp-wrap-result") or schema.get("required") == ["result"]):
+        defs = schema.get("$defs")
+        return {**props["result"], **({"$defs": defs} if isinstance(defs, dict) else {})}
+    return schema
 
 
 class _Loop:
@@ -305,6 +333,7 @@ class _Session:
                         value = tool_error(ENVIRONMENT_ERROR, f"MCP server: {type(e).__name__}: {e}"[:500])
                     fut.set_result(value)
         except BaseException as e:  # could not start, crashed, or cancelled
+            e = _leaf(e)
             if self.dead is None:
                 when = "" if opened else " before the session opened"
                 self.dead = (f"the MCP server failed{when}: {type(e).__name__}: {e}"[:400]
@@ -388,6 +417,7 @@ class MCPWorld(WorldProvider):
                 raise ValueError(f"{self.spec}: the MCP server did not list its tools within "
                                  f"{spec.startup_timeout_s + spec.timeout_s:g} s") from None
             except Exception as e:
+                e = _leaf(e)
                 raise ValueError(f"{self.spec}: could not list the MCP server's tools: {type(e).__name__}: "
                                  f"{str(e)[:300]}{probe.report()}") from None
             names = {t.name for t in listed}
