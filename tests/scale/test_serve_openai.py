@@ -246,7 +246,8 @@ def test_a_request_whose_client_left_while_queued_is_not_generated(tiny_backend,
     with OpenAIServer(writes, model_name="tiny") as server:
         first = threading.Thread(target=httpx2.post, args=(server.url + "/completions",), kwargs={"json": body})
         first.start()
-        time.sleep(0.2)  # the first one is generating: the next one waits
+        while writes.running == 0:  # until the first one is generating: the next one waits
+            time.sleep(0.01)
         with pytest.raises(httpx2.TimeoutException):
             httpx2.post(server.url + "/completions", json=body | {"prompt": "left"}, timeout=0.2)
         first.join()
