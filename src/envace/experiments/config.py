@@ -114,13 +114,6 @@ class GRPOConfig(UpdateSettings):
     anchor_samples: int = Field(16, ge=1, description="anchor samples per step (with anchor_coef > 0)")
     sim_format_reward: float = Field(0.0, ge=0, description="extra simulator reward when its output parses as JSON")
 
-    @field_validator("micro_batch_tokens")
-    @classmethod
-    def _micro_batch_fits_a_turn(cls, v: int) -> int:
-        if v < 64:  # smaller budgets are for tests of the updater, not for runs
-            raise ValueError("Input should be greater than or equal to 64")
-        return v
-
 
 class LoraConfig(_Section):
     enabled: bool = True

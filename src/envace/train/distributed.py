@@ -393,6 +393,7 @@ class _SampleMeta:
     role: Role
     gen_ids: tuple[int, ...]
     format_ok: bool | None = None
+    example_match: float | None = None
 
 
 @dataclass(frozen=True)
@@ -401,32 +402,24 @@ class _TrajectoryMeta:
     samples: tuple[_SampleMeta, ...]
 
 
-def compute_advantages_global(
-    accelerator: Any | None,
-    trajectories: Iterable[Trajectory],
-    norm_by_std: bool = False,
-    empty_penalty: float = 0.1,
-    eps: float = 1e-6,
-    roles: Collection[Role] | None = None,
-    content_free_ids: Collection[int] = (),
-    format_bonus: float = 0.0,
-) -> list[ScoredSample]:
-    """:func:`~envace.train.advantages.compute_advantages` over every rank's trajectories (same
-    arguments); returns this rank's scored samples, in the order compute_advantages gives them."""
+def compute_advantages_global(accelerator: Any | None, trajectories: Iterable[Trajectory],
+                              roles: Collection[Role] | None = None, **settings: Any) -> list[ScoredSample]:
+    """:func:`~envace.train.advantages.compute_advantages` (its keyword ``settings``) over every
+    rank's trajectories; returns this rank's scored samples, in the order compute_advantages gives
+    them. Only a few fields per sample are gathered, no token ids."""
     local = list(trajectories)
     if num_processes(accelerator) == 1:
-        return compute_advantages(local, norm_by_std=norm_by_std, empty_penalty=empty_penalty, eps=eps,
-                                  roles=roles, content_free_ids=content_free_ids, format_bonus=format_bonus)
+        return compute_advantages(local, roles=roles, **settings)
+    content_free = settings.get("content_free_ids", ())
     summary = [_TrajectoryMeta(reward=float(t.reward), samples=tuple(
-        _SampleMeta(s.group_id, s.role, () if is_empty_generation(s, content_free_ids) else (-1,),
-                    getattr(s, "format_ok", None))
+        _SampleMeta(s.group_id, s.role, () if is_empty_generation(s, content_free) else (-1,),
+                    getattr(s, "format_ok", None), getattr(s, "example_match", None))
         for s in t.samples)) for t in local]
     per_rank: list[list[_TrajectoryMeta]] = gather_objects(accelerator, [summary])
     rank = process_index(accelerator)
     offset = sum(len(t.samples) for r in per_rank[:rank] for t in r)
     union = [t for r in per_rank for t in r]
-    scored = compute_advantages(union, norm_by_std=norm_by_std, empty_penalty=empty_penalty, eps=eps,  # type: ignore[arg-type]
-                                format_bonus=format_bonus)
+    scored = compute_advantages(union, **settings)  # type: ignore[arg-type]
     mine = [s for t in local for s in t.samples]
     out: list[ScoredSample] = []
     for sample, g in zip(mine, scored[offset : offset + len(mine)]):

@@ -5,8 +5,10 @@ adapter and nothing else)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,7 +43,7 @@ class UpdateSettings(BaseModel):
                                "no gradient for. 0: off")
     caller_weight: float = Field(1.0, ge=0)
     simulator_weight: float = Field(1.0, ge=0)
-    micro_batch_tokens: int = Field(4096, ge=1, description="padded input tokens (rows x longest row) per forward")
+    micro_batch_tokens: int = Field(4096, ge=64, description="padded input tokens (rows x longest row) per forward")
     ppo_epochs: int = Field(1, ge=1, description="optimiser steps on the same batch (one per epoch)")
     max_grad_norm: float | None = Field(1.0, description="None: no clipping (the norm is still reported)")
     gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
@@ -50,11 +52,10 @@ class UpdateSettings(BaseModel):
                                          "longer run once per group")
 
 
-class UpdaterConfig(UpdateSettings):
-    """Everything a GRPOUpdater reads: the ``grpo`` section's update settings plus what the run
-    derives (the sampler's temperatures, the pad id, the precision) and the optimiser's internals."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+@dataclass(frozen=True)
+class _UpdaterOwn:
+    """UpdaterConfig's own fields (see below): what the run derives (the sampler's temperatures,
+    the pad id, the precision) and the optimiser's and the loss's internals."""
 
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -79,7 +80,7 @@ class UpdaterConfig(UpdateSettings):
     mixed_precision: MixedPrecision = "no"
 
     @classmethod
-    def from_sections(cls, section: Any, **extra: Any) -> "UpdaterConfig":
+    def from_sections(cls, section: Any, **extra: Any) -> Any:
         """The update settings of ``section`` (the ``grpo`` section: an UpdateSettings), plus
         ``extra``: no field is copied by hand."""
         return cls(**{k: getattr(section, k) for k in UpdateSettings.model_fields}, **extra)
@@ -101,6 +102,17 @@ class UpdaterConfig(UpdateSettings):
         sim = self.temperature if self.simulator_temperature is None else self.simulator_temperature
         caller, sim = logprob_temperature(self.temperature), logprob_temperature(sim)
         return caller if caller == sim else {"caller": caller, "simulator": sim}
+
+
+# Everything a GRPOUpdater reads: the update settings (fields of UpdateSettings, declared and
+# defaulted there once) plus _UpdaterOwn's. A plain frozen dataclass: a config section validates
+# what a user writes; the updater takes what code gives it (tests use budgets below a run's).
+UpdaterConfig = dataclasses.make_dataclass(
+    "UpdaterConfig",
+    [(name, f.annotation, dataclasses.field(default=f.default)) for name, f in UpdateSettings.model_fields.items()],
+    bases=(_UpdaterOwn,), frozen=True)
+UpdaterConfig.__module__ = __name__
+UpdaterConfig.__doc__ = "The grpo section's update settings (UpdateSettings) plus the updater's own (_UpdaterOwn)."
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -371,7 +383,7 @@ def updaters_for_mode(
     out: dict[str, GRPOUpdater] = {}
     for key in spec.trained_models:
         w = spec.loss_weights(key, config.caller_weight, config.simulator_weight)
-        cfg = config.model_copy(update={"caller_weight": w["caller"], "simulator_weight": w["simulator"]})
+        cfg = dataclasses.replace(config, caller_weight=w["caller"], simulator_weight=w["simulator"])
         ref = ref_models.get(key) if ref_models else None
         out[key] = GRPOUpdater(models[key], cfg, ref_model=ref)
     return out
