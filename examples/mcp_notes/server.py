@@ -35,8 +35,9 @@ MAX_SESSIONS = 1024
 
 
 def notes(ctx: Context, fresh: Notes | None = None) -> Notes:
-    headers = ctx.headers or {}
-    key = headers.get("mcp-session-id") or id(ctx.session)  # HTTP: the session header; stdio: the one session
+    # HTTP: the session header. stdio: the process is the one session. (Not id(ctx.session): on
+    # mcp 2.3 that object is new for every request, so a reset would seed a store no call sees.)
+    key = (ctx.headers or {}).get("mcp-session-id") or "stdio"
     if fresh is not None or key not in sessions:
         sessions[key] = fresh or Notes(0)
         while len(sessions) > MAX_SESSIONS:
