@@ -278,3 +278,23 @@ def test_reference_progress_pays_partial_progress_only_when_asked():
     assert judge_trajectory(task, _traj(crashed), progress_weight=0.5)[0] == 0.0
     # progress never makes an unsolved episode "solved", and guards still halve it
     assert judge_trajectory(task, _traj([*ref.calls[:2], cancel("o-9")]), progress_weight=1.0)[0] < 0.5
+
+
+def test_hostile_recorded_results_neither_raise_nor_stall():
+    """Recorded results come from task files: deep nesting, non-finite numbers and long lists are
+    walked within bounds."""
+    import time
+
+    deep: dict = {"a": "deepest value"}
+    for _ in range(300):
+        deep = {"x": [deep]}
+    many = {"rows": [{"id": f"r-{i}", "v": f"{i}.50"} for i in range(5000)]}
+    odd = {"rows": [{"v": float("nan")}, {"v": float("inf")}, {"v": 10 ** 30}, {"v": "x" * 10_000}]}
+    ref = Reference(calls=[{"name": "q", "arguments": {}, "result": r} for r in (deep, many, odd)], answer="r-7 is 7.50",
+                    write_tools=[])
+    task = Task(id="t", instruction="x", checklist=[ChecklistItem(kind="answer_contains", text="7.50")], reference=ref)
+    start = time.perf_counter()
+    assert judge_trajectory(task, _traj(answer="r-7 is 7.50"))[0] == 1.0
+    reward, verdicts = judge_trajectory(task, _traj(answer="r-7 is 7.50, r-8 is 8.50 " * 50))
+    assert reward < 1.0 and kinds(verdicts, "answer_excludes")[0] is False
+    assert time.perf_counter() - start < 10

@@ -10,9 +10,11 @@ the reference solution saw (``derive_excludes``).
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Any
 
 from envace.core.types import ChecklistItem
@@ -23,6 +25,8 @@ _NUMBER = re.compile(r"(?<![\w.,])(?<!\w-)\d+(?:(?:[.,']|[ \u00a0\u202f](?=\d{3}
 _GROUP_SEP = re.compile(r"['\u00a0\u202f ]")
 _CURRENCY = "$€£¥₹₩¢"
 MAX_TEXT = 100_000  # model output is arbitrary: compare within a bounded prefix
+MAX_DEPTH = 32  # recorded results come from task files: walk no deeper than this
+MAX_RECORDS = 200  # records of one kind compared with each other (quadratic): the first ones
 
 
 def norm_text(text: str) -> str:
@@ -61,7 +65,13 @@ def readings(token: str) -> set[Decimal]:
 
 def numbers_in(text: str) -> list[set[Decimal]]:
     """The readings of every number token in ``text`` (signs ignored: "-35.98" states 35.98)."""
-    return [r for m in _NUMBER.finditer(norm_text(text)) if (r := readings(m.group()))]
+    return [set(r) for r in _numbers(str(text))]
+
+
+@lru_cache(maxsize=256)
+def _numbers(text: str) -> tuple[frozenset[Decimal], ...]:
+    # cached: one answer is searched for every value of a checklist
+    return tuple(frozenset(r) for m in _NUMBER.finditer(norm_text(text)) if (r := readings(m.group())))
 
 
 def as_number(text: str) -> set[Decimal]:
@@ -94,8 +104,13 @@ def mentions(answer: str, value: Any) -> bool:
     text = str(value)
     number = as_number(text)
     if number:
-        return any(r & number for r in numbers_in(answer))
-    return _has_token(norm_text(answer), norm_text(text))
+        return any(r & number for r in _numbers(str(answer)))
+    return _has_token(_norm_cached(str(answer)), norm_text(text))
+
+
+@lru_cache(maxsize=256)
+def _norm_cached(text: str) -> str:
+    return norm_text(text)
 
 
 # -- the values an answer must not contain ------------------------------------------------
@@ -108,7 +123,7 @@ def _distinctive(value: Any) -> bool:
     if isinstance(value, int):
         return abs(value) >= 10
     if isinstance(value, float):
-        return value != int(value) or abs(value) >= 10
+        return math.isfinite(value) and (value != int(value) or abs(value) >= 10)
     if isinstance(value, str):
         text = norm_text(value)
         number = as_number(text)
@@ -118,30 +133,33 @@ def _distinctive(value: Any) -> bool:
     return False
 
 
-def _leaves(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _leaves(record: dict[str, Any], prefix: str = "", depth: int = 0) -> dict[str, Any]:
     """A record's scalar fields, nested objects flattened to ``a.b`` (lists are records of their own)."""
     out: dict[str, Any] = {}
     for key, value in record.items():
         if isinstance(value, dict):
-            out.update(_leaves(value, f"{prefix}{key}."))
+            if depth < MAX_DEPTH:
+                out.update(_leaves(value, f"{prefix}{key}.", depth + 1))
         elif not isinstance(value, list):
             out[f"{prefix}{key}"] = value
     return out
 
 
-def _record_lists(value: Any, path: str = "") -> list[tuple[str, list[dict[str, Any]]]]:
+def _record_lists(value: Any, path: str = "", depth: int = 0) -> list[tuple[str, list[dict[str, Any]]]]:
     """Every list of objects inside a tool result (the result itself, when it is one), with
     where it sits (``.results[]``), so that lists from calls of the same tool can be pooled."""
     out: list[tuple[str, list[dict[str, Any]]]] = []
+    if depth > MAX_DEPTH:
+        return out
     if isinstance(value, list):
         records = [v for v in value if isinstance(v, dict)]
         if records:
             out.append((path, records))
         for v in value:
-            out += _record_lists(v, path + "[]")
+            out += _record_lists(v, path + "[]", depth + 1)
     elif isinstance(value, dict):
         for k, v in value.items():
-            out += _record_lists(v, f"{path}.{k}")
+            out += _record_lists(v, f"{path}.{k}", depth + 1)
     return out
 
 
@@ -155,7 +173,7 @@ def _pooled(results: list[tuple[str, Any]]) -> list[list[dict[str, Any]]]:
             groups.setdefault((tool, "$"), []).append(result)
         for path, records in _record_lists(result):
             groups.setdefault((tool, path), []).extend(records)
-    return [g for g in groups.values() if len(g) >= 2]
+    return [g[:MAX_RECORDS] for g in groups.values() if len(g) >= 2]
 
 
 def _unique_mentions(flat: list[dict[str, Any]], i: int, answer: str) -> set[str]:
@@ -218,13 +236,15 @@ def derive_unasked(results: list[tuple[str, Any]], answer: str, must_contain: li
     skip = {norm_text(t) for t in exclude}
     out: dict[str, None] = {}
 
-    def walk(value: Any) -> None:
+    def walk(value: Any, depth: int = 0) -> None:
+        if depth > MAX_DEPTH:
+            return
         if isinstance(value, dict):
             for v in value.values():
-                walk(v)
+                walk(v, depth + 1)
         elif isinstance(value, list):
             for v in value:
-                walk(v)
+                walk(v, depth + 1)
         elif _excludable(value, answer, plain, instruction, keep) and norm_text(str(value)) not in skip:
             out[str(value)] = None
 
