@@ -173,10 +173,12 @@ def _hook_spawn() -> None:
 @asynccontextmanager
 async def _client(spec: MCPSpec, probe: _Probe | None = None) -> AsyncIterator[Any]:
     """An entered ``mcp.Client``: over streamable HTTP, or a stdio server started now (and
-    stopped when the context exits) with its stderr where ``spec.stderr`` says."""
+    stopped when the context exits) with its stderr where ``spec.stderr`` says. Requests wait up
+    to ``startup_timeout_s`` (the handshake, the listing, the reset tool); an agent's tool calls
+    pass ``timeout_s`` themselves."""
     mcp = _require_sdk()
     if spec.url is not None:
-        async with mcp.Client(spec.url, read_timeout_seconds=spec.timeout_s, mode="legacy") as client:
+        async with mcp.Client(spec.url, read_timeout_seconds=spec.startup_timeout_s, mode="legacy") as client:
             yield client
         return
     from mcp.client.stdio import stdio_client
@@ -190,7 +192,7 @@ async def _client(spec: MCPSpec, probe: _Probe | None = None) -> AsyncIterator[A
         sink = files.enter_context(open(spec.stderr, "a", encoding="utf-8")) if spec.stderr else _stderr(files)
         probe.tap = _StderrTap(sink)
         files.callback(probe.tap.close)
-        async with mcp.Client(stdio_client(params, errlog=probe.tap.writer), read_timeout_seconds=spec.timeout_s,
+        async with mcp.Client(stdio_client(params, errlog=probe.tap.writer), read_timeout_seconds=spec.startup_timeout_s,
                               mode="legacy") as client:
             yield client
 
@@ -328,7 +330,8 @@ class _Session:
                         return
                     name, args, fut = item
                     try:
-                        value = self.world.results.apply(name, result_value(await client.call_tool(name, args)))
+                        value = self.world.results.apply(name, result_value(
+                            await client.call_tool(name, args, read_timeout_seconds=spec.timeout_s)))
                     except Exception as e:  # a call timed out, the server died, a protocol error
                         value = tool_error(ENVIRONMENT_ERROR, f"MCP server: {type(e).__name__}: {e}"[:500])
                     fut.set_result(value)
