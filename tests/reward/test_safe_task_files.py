@@ -53,3 +53,32 @@ def test_a_latin1_task_file_names_the_file(tmp_path):
     path.write_bytes('{"id": "caf\xe9", "instruction": "x"}\n'.encode("latin-1"))
     with pytest.raises(DataFileError, match="latin.jsonl:1: not UTF-8"):
         load_jsonl(path, Task)
+
+
+def test_checking_a_call_never_fetches_a_schemas_remote_ref():
+    """A schema from a trusted world (an MCP server's listing) may still carry a remote $ref: the
+    call check answers INVALID_PARAMETERS with the reason, and nothing is fetched or read."""
+    import socket
+    import threading
+
+    from envace.core.errors import error_code
+    from envace.core.types import ToolCall, ToolSpec
+    from envace.core.validate import validate_call
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(0.3)
+        port = listener.getsockname()[1]
+        for ref in (f"http://127.0.0.1:{port}/schema.json", "file:///etc/passwd"):
+            spec = ToolSpec.model_validate({"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": {"q": {"$ref": ref}}}}})
+            got: list = []
+            worker = threading.Thread(target=lambda: got.append(validate_call(ToolCall(name="f", arguments={"q": 1}),
+                                                                              [spec])), daemon=True)
+            worker.start()
+            worker.join(timeout=10)  # a fetch would hang on the silent listener
+            assert got, f"checking a call against {ref} did not return"
+            assert error_code(got[0]) == "INVALID_PARAMETERS" and "unresolvable $ref" in got[0]["error"]["message"]
+        with pytest.raises(TimeoutError):
+            listener.accept()  # no connection was ever made
