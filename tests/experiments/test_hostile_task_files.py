@@ -142,10 +142,11 @@ def test_envace_train_refuses_before_a_run_directory_exists(hostile, name, tmp_p
     paths, marker, listener = hostile
     path, field = paths[name]
     out = tmp_path / "runs"
-    assert main(["train", "--tasks-file", str(path), "--model", "tiny", "--set", f"out={out}"]) == 2
-    err = capsys.readouterr().err
-    assert f"{path}:1: field '{field}'" in err and "Traceback" not in err
-    assert not out.exists() or not any(out.iterdir())
+    for command in ("train", "sft"):
+        assert main([command, "--tasks-file", str(path), "--model", "tiny", "--set", f"out={out}"]) == 2
+        err = capsys.readouterr().err
+        assert f"{path}:1: field '{field}'" in err and "Traceback" not in err
+        assert not out.exists() or not any(out.iterdir())
     assert not marker.exists() and listener.connections == 0
 
 

@@ -86,6 +86,10 @@ def _sft(args: argparse.Namespace) -> int:
     from envace.experiments.train_job import SFT_DIR, run_policy, warm_start
 
     cfg = _config(args)
+    if cfg.task_file is not None:
+        from envace.experiments.tasksets import train_tasks
+
+        train_tasks(cfg)  # a task file that fails its check is refused before a run directory exists
     run = RunDir.create(cfg.out, "sft", cfg.model_dump(mode="json"), seed=cfg.seed)
     policy, tok = run_policy(cfg)
     warm_start(policy, tok, cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"enabled": True})}), run, print)
