@@ -217,3 +217,15 @@ def test_a_hung_call_times_out_and_the_episode_goes_on_with_a_fresh_instance(sho
         assert env.query("SELECT count(*) FROM orders") == [(0,)]  # reset(**env.args) ran on the fresh one
     finally:
         env.close()
+
+
+def test_a_closed_episode_refuses_at_once_instead_of_waiting_for_its_worker(shop):
+    world, _ = shop
+    env = world.open(EnvRef())
+    assert env.query("SELECT count(*) FROM orders") == [(0,)]
+    env.close()
+    env.close()  # twice is fine
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="closed"):
+        env.query("SELECT 1")
+    assert time.perf_counter() - t0 < 1

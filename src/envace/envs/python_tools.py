@@ -410,6 +410,7 @@ class PythonEnvironment:
         self.calls: list[tuple[ToolCall, Any]] = []
         self.abandoned = 0  # instances left to a call that timed out
         self.dead: str | None = None
+        self.closed = False
         self._start()
         if callable(getattr(self.owner, "query", None)):
             self.query = self._query  # state checklist items
@@ -436,7 +437,9 @@ class PythonEnvironment:
             raise ValueError(f"{self.provider.spec}: making the tool instance (and reset(**env.args)) took longer "
                              f"than {self.provider.timeout_s:g} s") from None
 
-    def _run(self, fn: Callable[[], Any], timeout_s: float) -> Any:
+    def _run(self, fn: Callable[[], Any], timeout_s: float, restart: bool = True) -> Any:
+        if self.closed:
+            raise RuntimeError("the episode's tool instance is closed")
         fut = self.worker.run(fn)
         try:
             return fut.result(timeout=timeout_s)
@@ -445,6 +448,8 @@ class PythonEnvironment:
             # give the rest of the episode a fresh instance.
             self.worker.stop()
             self.abandoned += 1
+            if not restart:
+                raise TimedOut(f"timed out after {timeout_s:g} s") from None
             try:
                 self._start()
             except Exception as e:  # noqa: BLE001 - no fresh instance: the rest of the episode says why
@@ -494,10 +499,13 @@ class PythonEnvironment:
         return self.provider.results.apply(name, raw, tool_.options.max_result_chars)
 
     def close(self) -> None:
+        if self.closed:
+            return
         close = getattr(self.owner, "close", None)
         if callable(close) and not isinstance(self.owner, types.ModuleType):
             try:
-                self._run(close, self.provider.timeout_s)
+                self._run(close, self.provider.timeout_s, restart=False)
             except Exception:  # noqa: BLE001 - the episode is over; a failing close must not lose it
                 pass
+        self.closed = True
         self.worker.stop()
