@@ -194,15 +194,20 @@ def test_typeddict_arguments_get_nested_schemas_and_read_only_tools_say_so():
     assert read_only == {"search_tickets", "get_ticket", "list_agents"}
 
 
-@pytest.mark.xfail(strict=True, reason="the compact tool format (the default prompt) renders a nested argument as "
-                   "'filters?: any' / 'changes: object': the caller never sees the keys (status, labels, add_labels, "
-                   "...) or their enums that the derived schema holds")
 def test_the_default_prompt_shows_the_keys_of_a_nested_argument():
+    """The compact tool format (the default prompt) spells out a TypedDict argument: its keys,
+    each optional, their enums and list item types, not 'filters?: any' / 'changes: object'."""
     from envace.core.prompts import compact_signature
 
     tools = {t.name: t for t in resolve_world(SPEC).tools()}
-    assert "add_labels" in compact_signature(tools["update_ticket"])
-    assert "labels" in compact_signature(tools["search_tickets"])
+    statuses = '"open"|"in_progress"|"waiting"|"resolved"|"closed"'
+    priorities = '"low"|"medium"|"high"|"urgent"'
+    assert compact_signature(tools["update_ticket"]).startswith(
+        f"update_ticket(ticket_id: string, changes: {{status?: {statuses}, priority?: {priorities}, "
+        "add_labels?: list[string], remove_labels?: list[string], assignee?: string}) - ")
+    assert compact_signature(tools["search_tickets"]).startswith(
+        f"search_tickets(filters?: {{status?: {statuses}, priority?: {priorities}, labels?: list[string], "
+        "assignee?: string, text?: string}|null, limit?: integer) - ")
 
 
 TE_TYPEDDICT = '''

@@ -10,14 +10,20 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+from typing import Literal
+
 import pytest
 import torch
 import yaml
+from hypothesis import given, settings, strategies as st
+from pydantic import TypeAdapter
+from typing_extensions import NotRequired, TypedDict
 
 from envace.cli.main import main
-from envace.core.prompts import CALLER_SYSTEM, PromptStyle, render_caller_prompt
+from envace.core.prompts import CALLER_SYSTEM, PromptStyle, caller_chat, render_caller_prompt
 from envace.core.toolcall import format_tool_call
-from envace.core.types import Message, ToolCall
+from envace.core.types import FunctionSpec, Message, Task, ToolCall, ToolSpec
 from envace.experiments.chat_template import export_chat_template
 from envace.experiments.export import card_metadata
 from envace.experiments.tasks import select_tasks
@@ -143,8 +149,10 @@ def test_exported_chat_template_renders_tools_as_training_did(run, tmp_path):
     # without tools the model's own template is untouched (the simulator's prompts, plain chats)
     plain = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     assert exported.apply_chat_template(plain, tokenize=False) == tok.apply_chat_template(plain, tokenize=False)
-    # every tool format, every embedded world's schemas (enums, arrays, optional arguments)
-    tasks = select_tasks(None, "all", 6, tasks_per_world=60)
+    # every tool format, every embedded world's schemas (enums, arrays, optional arguments), and
+    # nested ones: the helpdesk's (TypedDict arguments, read-only annotations) as its class derives
+    # them and as pydantic (an MCP server's SDK) lists them, with $ref and anyOf
+    tasks = select_tasks(None, "all", 6, tasks_per_world=60) + _helpdesk_tasks()
     for fmt in ("compact", "json", "native"):
         style = PromptStyle(tool_format=fmt)
         other = load_model("tiny")[1]
@@ -160,6 +168,85 @@ def test_exported_chat_template_renders_tools_as_training_did(run, tmp_path):
     again = load_model("tiny")[1]
     again.chat_template = export_chat_template(exported, PromptStyle(), "calendar")
     assert again.chat_template == exported.chat_template
+
+
+HELPDESK = Path(__file__).resolve().parents[2] / "examples" / "helpdesk" / "tasks.jsonl"
+
+
+class _Filters(TypedDict):
+    status: NotRequired[Literal["open", "in_progress", "closed"]]
+    labels: NotRequired[list[str]]
+    assignee: NotRequired[str]
+
+
+def _helpdesk_tasks() -> list[Task]:
+    lines = HELPDESK.read_text().splitlines()
+    tasks = [Task.model_validate_json(line) for line in (lines[0], lines[6])]
+    assert any("properties" in p for t in tasks for tool in t.tools for p in
+               tool.function.parameters["properties"].values())  # nested arguments are there
+    schema = TypeAdapter(_Filters | None).json_schema()  # {"anyOf": [{"$ref": ...}, {"type": "null"}], "$defs"}
+    mcp_form = ToolSpec(function=FunctionSpec(name="search_tickets", description="Find tickets.", parameters={
+        "type": "object", "properties": {"filters": {"anyOf": schema["anyOf"], "default": None},
+                                         "limit": {"type": "integer", "default": 10}}, "$defs": schema["$defs"]}))
+    return tasks + [tasks[0].model_copy(update={"tools": [mcp_form, *tasks[0].tools[:2]]})]
+
+
+def test_the_helpdesk_tools_render_their_nested_keys_in_the_exported_template():
+    _, tok = load_model("tiny")
+    exported = load_model("tiny")[1]
+    exported.chat_template = export_chat_template(tok, PromptStyle())
+    task = _helpdesk_tasks()[-1]
+    text = exported.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                        tools=[t.model_dump(mode="json") for t in task.tools], domain="helpdesk")
+    assert 'search_tickets(filters?: {status?: "open"|"in_progress"|"closed", labels?: list[string], ' \
+           'assignee?: string}|null, limit?: integer) - Find tickets.' in text
+
+
+# Schemas as tool files and MCP servers write them: objects (required or not), arrays, enums,
+# consts, unions, type lists, maps, $refs that resolve, loop or lead nowhere.
+_leaf = st.sampled_from([{"type": "string"}, {"type": "integer"}, {"type": ["string", "null"]}, {"type": "null"},
+                         {"enum": ["a", "b\u00e9", 3, None]}, {"const": "x"}, {}, {"type": "object"},
+                         {"$ref": "#/$defs/Node"}, {"$ref": "#/$defs/Nope"}, {"$ref": "#/properties"}])
+_keys = st.sampled_from(["status", "labels", "q", "x y", "\u00e9"])
+
+
+def _compound(child):
+    return st.one_of(
+        st.builds(lambda i: {"type": "array", "items": i}, child),
+        st.builds(lambda p, r: {"type": "object", "properties": p, "required": r},
+                  st.dictionaries(_keys, child, max_size=3), st.lists(_keys, max_size=2)),
+        st.builds(lambda p: {"properties": p}, st.dictionaries(_keys, child, max_size=2)),
+        st.builds(lambda a: {"anyOf": a}, st.lists(child, min_size=1, max_size=3)),
+        st.builds(lambda a: {"oneOf": a}, st.lists(child, min_size=1, max_size=2)),
+        st.builds(lambda a: {"allOf": [a]}, child),
+        st.builds(lambda v: {"type": ["object", "null"], "additionalProperties": v}, child))
+
+
+_schemas = st.recursive(_leaf, _compound, max_leaves=12)
+
+
+def test_the_exported_template_renders_any_nested_schema_as_training_does():
+    _, tok = load_model("tiny")
+    exported = load_model("tiny")[1]
+    exported.chat_template = export_chat_template(tok, PromptStyle())
+    json_tok = load_model("tiny")[1]
+    json_tok.chat_template = export_chat_template(tok, PromptStyle(tool_format="json"))
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.dictionaries(_keys, _schemas, min_size=1, max_size=3), _schemas, st.lists(_keys, max_size=2))
+    def check(props, node, required):
+        tool = ToolSpec(function=FunctionSpec(name="t", parameters={
+            "type": "object", "properties": props, "required": required, "$defs": {"Node": node}}))
+        task = Task(id="x", domain="d", instruction="hi", tools=[tool])
+        msgs = [{"role": "user", "content": "hi"}]
+        for style, other in ((PromptStyle(), exported), (PromptStyle(tool_format="json"), json_tok)):
+            want = tok.apply_chat_template(caller_chat(task, [], style, False), tokenize=False,
+                                           add_generation_prompt=True)
+            got = other.apply_chat_template(msgs, tools=[tool.model_dump(mode="json")], domain="d", tokenize=False,
+                                            add_generation_prompt=True)
+            assert got == want
+
+    check()
 
 
 _PEFT_LOAD = """

@@ -42,25 +42,77 @@ MEMORY_HEADER = (
 )
 
 
-def _type_of(prop: dict[str, Any]) -> str:
+# How deep a nested argument is spelled out (each $ref, union, list or object is a level): a
+# recursive schema stops here instead of looping. experiments/chat_template.py mirrors all of this.
+MAX_TYPE_DEPTH = 6
+
+
+def _resolve_ref(ref: str, root: dict[str, Any]) -> Any:
+    """A local JSON pointer (``#/$defs/Name``) in the tool's parameters; None where it leads nowhere."""
+    node: Any = root
+    for seg in ref[2:].split("/"):
+        if not isinstance(node, dict) or seg not in node:
+            return None
+        node = node[seg]
+    return node
+
+
+def _type_of(prop: Any, root: dict[str, Any] | None = None, depth: int = 0) -> str:
+    """An argument's type in a few tokens. A flat argument reads as it always has (``string``,
+    ``"a"|"b"``, ``list[string]``, ``string|null``); a nested one shows its keys, which of them
+    are optional and their types: ``{status?: "open"|"closed", labels?: list[string]}``."""
+    if not isinstance(prop, dict) or depth > MAX_TYPE_DEPTH:
+        return "any"
+    root = root if root is not None else {}
+    ref = prop.get("$ref")
+    if isinstance(ref, str):
+        return _type_of(_resolve_ref(ref, root), root, depth + 1) if ref.startswith("#/") else "any"
     if "enum" in prop:
-        return "|".join(json.dumps(v) for v in prop["enum"])
-    t = prop.get("type", "any")
+        values = prop["enum"] if isinstance(prop["enum"], list) else [prop["enum"]]
+        return "|".join(json.dumps(v) for v in values)
+    if "const" in prop:
+        return json.dumps(prop["const"])
+    for key in ("anyOf", "oneOf"):
+        if isinstance(prop.get(key), list) and prop[key]:
+            alts: list[str] = []
+            for a in prop[key]:
+                s = _type_of(a, root, depth + 1)
+                if s not in alts:
+                    alts.append(s)
+            return "|".join(alts)
+    if isinstance(prop.get("allOf"), list) and len(prop["allOf"]) == 1:
+        return _type_of(prop["allOf"][0], root, depth + 1)
+    t = prop.get("type", "object" if isinstance(prop.get("properties"), dict) else "any")
+    if isinstance(t, list):
+        return "|".join(_one_type(prop, x, root, depth) for x in t)
+    return _one_type(prop, t, root, depth)
+
+
+def _one_type(prop: dict[str, Any], t: Any, root: dict[str, Any], depth: int) -> str:
     if t == "array":
-        return f"list[{_type_of(prop.get('items', {}))}]"
-    return t if isinstance(t, str) else "|".join(t)
+        return f"list[{_type_of(prop.get('items', {}), root, depth + 1)}]"
+    if t == "object":
+        props, extra = prop.get("properties"), prop.get("additionalProperties")
+        if isinstance(props, dict) and props:
+            required = prop.get("required") if isinstance(prop.get("required"), list) else []
+            return "{" + _args(props, required, root, depth + 1) + "}"
+        if isinstance(extra, dict) and extra:
+            return f"dict[string, {_type_of(extra, root, depth + 1)}]"
+    return t if isinstance(t, str) else json.dumps(t)
+
+
+def _args(props: dict[str, Any], required: list[Any], root: dict[str, Any], depth: int) -> str:
+    return ", ".join(f"{k}{'' if k in required else '?'}: {_type_of(v, root, depth)}" for k, v in props.items())
 
 
 def compact_signature(tool: ToolSpec) -> str:
     """``name(a: string, b?: integer) - description``: a few tokens instead of a JSON schema."""
     params = tool.function.parameters
-    required = set(params.get("required", []))
-    args = [
-        f"{k}{'' if k in required else '?'}: {_type_of(v)}"
-        for k, v in params.get("properties", {}).items()
-    ]
+    props, required = params.get("properties"), params.get("required")
+    args = _args(props if isinstance(props, dict) else {}, required if isinstance(required, list) else [],
+                 params, 0)
     desc = f" - {tool.function.description}" if tool.function.description else ""
-    return f"{tool.name}({', '.join(args)}){desc}"
+    return f"{tool.name}({args}){desc}"
 
 
 def tools_text(tools: list[ToolSpec], fmt: ToolFormat) -> str:
