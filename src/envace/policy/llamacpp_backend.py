@@ -103,15 +103,42 @@ def _tensor_type(name: str, quant: str) -> str:
 
 def _encode(t: "torch.Tensor", kind: str) -> tuple[np.ndarray, Any]:
     import torch
-    from gguf import GGMLQuantizationType, quants
+    from gguf import GGMLQuantizationType
 
     if kind == "BF16":  # torch rounds to bf16 natively; numpy has no bf16
         return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), GGMLQuantizationType.BF16
-    data = t.to(torch.float32).numpy()
     if kind == "F32":
-        return data, GGMLQuantizationType.F32
-    qtype = GGMLQuantizationType[kind]
-    return quants.quantize(data, qtype), qtype
+        return t.to(torch.float32).numpy(), GGMLQuantizationType.F32
+    return quantize_blocks(t, kind), GGMLQuantizationType[kind]
+
+
+def quantize_blocks(t: "torch.Tensor", kind: str) -> np.ndarray:
+    """``t`` [rows, cols] in ggml's Q8_0 or Q4_1 blocks of 32, as uint8 [rows, bytes per row]:
+    the arithmetic of ``gguf.quants`` (bit for bit), in whole-tensor torch ops, which use every
+    thread and skip its per-16-rows Python loop."""
+    import torch
+
+    rows, cols = t.shape
+    if cols % 32:
+        raise ValueError(f"{kind} needs rows of a multiple of 32 values, got {cols}")
+    b = t.detach().to(torch.float32).reshape(-1, 32)
+    zero = torch.zeros((), dtype=torch.float32)
+    if kind == "Q8_0":
+        d = b.abs().amax(dim=1, keepdim=True) / 127
+        x = b * torch.where(d == 0, zero, 1 / d)
+        # round half away from zero (gguf's np_roundf); |x| <= 127, so |x| + 0.5 is exact
+        q = x.abs().add_(0.5).floor_().copysign_(x).to(torch.int8)
+        out = torch.cat([d.to(torch.float16).view(torch.uint8), q.view(torch.uint8)], dim=1)
+    elif kind == "Q4_1":
+        hi, lo = b.amax(dim=1, keepdim=True), b.amin(dim=1, keepdim=True)
+        d = (hi - lo) / 15
+        q = torch.trunc((b - lo) * torch.where(d == 0, zero, 1 / d) + 0.5).clamp(0, 15).to(torch.uint8)
+        q = q.reshape(-1, 2, 16)
+        packed = q[:, 0, :] | (q[:, 1, :] << 4)
+        out = torch.cat([d.to(torch.float16).view(torch.uint8), lo.to(torch.float16).view(torch.uint8), packed], dim=1)
+    else:
+        raise ValueError(f"no block quantisation {kind!r}")
+    return out.reshape(rows, -1).numpy()
 
 
 @functools.lru_cache(maxsize=4)
@@ -149,9 +176,12 @@ def _tokenizer_fields(template: str) -> tuple[tuple[str, Any, int, int | None], 
 
 
 def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path: Path, template: Path,
-               quant: str = "F32") -> int:
+               quant: str = "F32", reuse: dict[str, Any] | None = None) -> int:
     """Write a Llama model's (HF-named) ``weights`` as a GGUF file in ``quant``, atomically;
-    returns the number of tensors. ``template``: a GGUF whose tokenizer keys are copied."""
+    returns the number of tensors. ``template``: a GGUF whose tokenizer keys are copied.
+    ``reuse``: a dict kept between calls; a tensor that is still the same storage at the same
+    autograd version as at the last call (a frozen weight next to LoRA: the embedding, the
+    norms) is not encoded again."""
     import gguf
 
     if quant not in QUANTS:
@@ -163,14 +193,14 @@ def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path:
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // n_head)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    w = _writer_class()(str(tmp), "llama")
     w.add_block_count(int(config.num_hidden_layers))
     w.add_context_length(int(config.max_position_embeddings))
     w.add_embedding_length(int(config.hidden_size))
     w.add_feed_forward_length(int(config.intermediate_size))
     w.add_head_count(n_head)
     w.add_head_count_kv(n_kv)
-    w.add_rope_freq_base(float(getattr(config, "rope_theta", None) or 10000.0))
+    w.add_rope_freq_base(rope_theta(config))
     w.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     w.add_vocab_size(int(config.vocab_size))
     w.add_rope_dimension_count(head_dim)
@@ -180,10 +210,17 @@ def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path:
     n = 0
     for hf_name, tensor in weights:
         name = gguf_name(hf_name)
-        t = tensor.detach().to("cpu")
-        if name.endswith("attn_q.weight") or name.endswith("attn_k.weight"):
-            t = permute_rotary(t, n_head if name.endswith("attn_q.weight") else n_kv)
-        data, qtype = _encode(t, _tensor_type(name, quant))
+        kind = _tensor_type(name, quant)
+        ident = (tensor.data_ptr(), tensor._version, tuple(tensor.shape), tensor.dtype, kind)
+        if reuse is not None and name in reuse and reuse[name][0] == ident:
+            data, qtype = reuse[name][1]
+        else:
+            t = tensor.detach().to("cpu")
+            if name.endswith("attn_q.weight") or name.endswith("attn_k.weight"):
+                t = permute_rotary(t, n_head if name.endswith("attn_q.weight") else n_kv)
+            data, qtype = _encode(t, kind)
+            if reuse is not None:
+                reuse[name] = (ident, (data, qtype))
         w.add_tensor(name, data, raw_dtype=qtype)
         n += 1
     w.write_header_to_file()
@@ -192,6 +229,38 @@ def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path:
     w.close()
     os.replace(tmp, path)
     return n
+
+
+@functools.lru_cache(maxsize=1)
+def _writer_class() -> type:
+    import gguf
+
+    class Writer(gguf.GGUFWriter):
+        """GGUFWriter that packs a large metadata array (the vocabulary, the merges) once per
+        process: packing them item by item in Python is most of a sync's non-tensor time."""
+
+        packed: dict[int, tuple[Any, bytes]] = {}
+
+        def _pack_val(self, val: Any, vtype: Any, add_vtype: bool, sub_type: Any = None) -> bytes:
+            if vtype != gguf.GGUFValueType.ARRAY or not isinstance(val, list) or len(val) < 1024:
+                return super()._pack_val(val, vtype, add_vtype, sub_type)
+            hit = self.packed.get(id(val))
+            if hit is None or hit[0] is not val:  # the same list object, not a recycled id
+                hit = self.packed[id(val)] = (val, super()._pack_val(val, vtype, False, sub_type))
+            return (self._pack("I", vtype) if add_vtype else b"") + hit[1]
+
+    return Writer
+
+
+def rope_theta(config: Any) -> float:
+    """The rotary base of a HF Llama config (transformers 5 keeps it in ``rope_parameters``);
+    scaled rotary variants (llama3, yarn, ...) are not written, so they are refused."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if kind not in ("default", None):
+        raise ValueError(f"the llamacpp backend writes plain rotary embeddings only, this model's are {kind!r}")
+    theta = getattr(config, "rope_theta", None) or (rope.get("rope_theta") if isinstance(rope, dict) else None)
+    return float(theta or 10000.0)
 
 
 def template_for(tokenizer: "PreTrainedTokenizerBase", config: Any, cache_dir: Path) -> Path:
@@ -286,6 +355,20 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+_LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+
+@functools.lru_cache(maxsize=1)
+def _quiet(lib: Any) -> Any:
+    """Silence llama.cpp's model-loading log (pages per load, every sync); failures still
+    surface as return codes. The callback object is kept alive by the cache."""
+    callback = _LOG_CALLBACK(lambda level, text, data: None)
+    lib.llama_log_set.argtypes = [_LOG_CALLBACK, ctypes.c_void_p]
+    lib.llama_log_set.restype = None
+    lib.llama_log_set(callback, None)
+    return callback
+
+
 @functools.lru_cache(maxsize=1)
 def _extra_api(lib: Any) -> tuple[Any, Any]:
     """Cache calls the binding does not wrap: seq_rm (free a row's cells), seq_cp (share cells)."""
@@ -331,9 +414,12 @@ class LlamaCppBackend:
         self.eos_ids = frozenset(int(e) for e in eos_ids) | (
             {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set())
         self._engine: _Engine | None = None
+        self._encoded: dict[str, Any] = {}  # write_gguf's reuse of unchanged tensors
+        self._template: Path | None = None
         self.syncs = 0
         self.path: Path | None = None
         self._seq_rm, self._seq_cp = _extra_api(self.C._lib)
+        _quiet(self.C._lib)
         if model is not None:
             self.sync_weights(model)
 
@@ -349,9 +435,11 @@ class LlamaCppBackend:
         generation = getattr(base, "generation_config", None)
         eos = getattr(generation, "eos_token_id", None)
         self.eos_ids = self.eos_ids | frozenset([eos] if isinstance(eos, int) else (eos or []))
-        template = template_for(self.tokenizer, config, self.work_dir / "template")
+        if self._template is None:
+            self._template = template_for(self.tokenizer, config, self.work_dir / "template")
+        template = self._template
         path = self.work_dir / f"policy-{self.quant}.gguf"
-        n = write_gguf(vllm_weights(model), config, path, template, self.quant)
+        n = write_gguf(vllm_weights(model), config, path, template, self.quant, self._encoded)
         self.load(path)
         self.syncs += 1
         return n

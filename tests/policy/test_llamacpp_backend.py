@@ -1,0 +1,136 @@
+"""The llama.cpp rollout backend against the reference transformers backend, on real tiny models
+written to real GGUF files and run by the real engine (ik-llama-cpp-python)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from envace.core.sampling import SamplingParams
+from envace.policy.loading import load_model
+from envace.policy.transformers_backend import TransformersBackend
+
+pytest.importorskip("ik_llama_cpp", reason="the llamacpp extra is not installed")
+pytest.importorskip("gguf")
+
+from envace.policy.llamacpp_backend import LlamaCppBackend, quantize_blocks  # noqa: E402
+
+GREEDY = SamplingParams(max_new_tokens=10, temperature=0)
+TEXTS = ["Hello there, how are you", "The capital of France is", "1 2 3 4", "The capital of France is"]
+
+
+def _prompts(tok):
+    return [tok.encode(t) for t in TEXTS]
+
+
+def _llama(tok, model, quant="F32", **kw):
+    return LlamaCppBackend(tok, model, quant=quant, n_ctx=512, max_batch=4, n_threads=1, **kw)
+
+
+def test_f32_gguf_greedy_tokens_and_logprobs_match_transformers():
+    model, tok = load_model("tiny")
+    prompts = _prompts(tok)
+    ref = TransformersBackend(model, tok).generate(prompts, GREEDY)
+    out = _llama(tok, model).generate(prompts, GREEDY)
+    for r, o in zip(ref, out):
+        assert o.token_ids == r.token_ids
+        assert o.text == r.text and o.finish == r.finish
+        assert np.allclose(o.logprobs, r.logprobs, atol=2e-2)
+
+
+def test_bf16_gguf_greedy_tokens_match_transformers_bf16():
+    model, tok = load_model("llama:64x2")
+    prompts = _prompts(tok)
+    ref = TransformersBackend(model, tok, dtype=torch.bfloat16).generate(prompts, GREEDY)
+    ref32 = TransformersBackend(model, tok).generate(prompts, GREEDY)
+    out = _llama(tok, model, "BF16").generate(prompts, GREEDY)
+    for r, r32, o in zip(ref, ref32, out):
+        assert o.token_ids == r.token_ids
+        assert np.allclose(o.logprobs, r32.logprobs, atol=2e-2)
+
+
+def test_rows_decoded_together_equal_rows_alone_and_seeds_reproduce():
+    model, tok = load_model("tiny")
+    prompts = _prompts(tok)
+    backend = _llama(tok, model)
+    together = backend.generate(prompts, GREEDY)
+    alone = [backend.generate([p], GREEDY)[0] for p in prompts]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    sampled = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5)
+    a, b = backend.generate(prompts, sampled), backend.generate(prompts, sampled)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert a[1].token_ids != a[3].token_ids  # the same prompt at another index: its own stream
+    # the sampled token's log-prob is log_softmax(logits / T) at that token: never above 0
+    assert all(lp <= 0 for g in a for lp in g.logprobs)
+
+
+def test_stop_string_and_length_follow_the_transformers_rules():
+    model, tok = load_model("tiny")
+    prompts = _prompts(tok)
+    free = _llama(tok, model).generate(prompts[:1], GREEDY)[0]
+    stop = free.text[3:6]  # some text the row is known to produce
+    params = SamplingParams(max_new_tokens=10, temperature=0, stop=[stop])
+    ref = TransformersBackend(model, tok).generate(prompts[:1], params)[0]
+    out = _llama(tok, model).generate(prompts[:1], params)[0]
+    assert (out.token_ids, out.text, out.finish) == (ref.token_ids, ref.text, ref.finish) and out.finish == "stop"
+    assert free.finish == "length" and len(free.token_ids) == GREEDY.max_new_tokens
+
+
+def test_weight_sync_carries_changed_and_lora_weights():
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = load_model("tiny")
+    prompts = _prompts(tok)
+    backend = _llama(tok, model)
+    before = backend.generate(prompts, GREEDY)
+    with torch.no_grad():  # an update in place, as an optimiser step: the first layer's MLP
+        model.model.layers[0].mlp.down_proj.weight.mul_(-3.0)
+    assert backend.sync_weights(model) > 0
+    after = backend.generate(prompts, GREEDY)
+    ref = TransformersBackend(model, tok).generate(prompts, GREEDY)
+    assert [g.token_ids for g in after] == [g.token_ids for g in ref]
+    assert [g.token_ids for g in after] != [g.token_ids for g in before]
+
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+    backend.sync_weights(peft_model)
+    lora = backend.generate(prompts, GREEDY)
+    ref = TransformersBackend(peft_model, tok).generate(prompts, GREEDY)
+    assert [g.token_ids for g in lora] == [g.token_ids for g in ref]
+    assert [g.token_ids for g in lora] != [g.token_ids for g in after]
+    assert backend.syncs == 3
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1"])
+def test_block_quantisation_is_ggufs_bit_for_bit(kind):
+    from gguf import GGMLQuantizationType, quants
+
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0)) * 0.05
+    x[0, :32] = 0.0  # an all-zero block
+    x[1, :32] = 0.5  # a constant block
+    assert np.array_equal(quantize_blocks(x, kind), quants.quantize(x.numpy(), GGMLQuantizationType[kind]))
+
+
+def test_quantised_engine_samples_close_to_the_trainer():
+    model, tok = load_model("tiny")
+    prompts = _prompts(tok)
+    out = _llama(tok, model, "Q8_0").generate(prompts, GREEDY)
+    ref = TransformersBackend(model, tok).generate(prompts, GREEDY)
+    # the first token comes from the same prompt: its log-prob differs by quantisation only
+    assert all(abs(o.logprobs[0] - r.logprobs[0]) < 0.5 for o, r in zip(out, ref))
+    assert all(o.token_ids[0] == r.token_ids[0] for o, r in zip(out, ref))
+
+
+def test_without_the_binding_the_error_names_the_extra(tmp_path):
+    code = ("import sys; sys.modules['ik_llama_cpp'] = None\n"
+            "from envace.policy.llamacpp_backend import LlamaCppBackend\n"
+            "try:\n    LlamaCppBackend(None)\nexcept ImportError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "pip install 'envace[llamacpp]'" in done.stdout, done.stderr[-2000:]
