@@ -26,7 +26,7 @@ ROLES: tuple[Role, ...] = ("caller", "simulator")
 
 # Keys of the stats dict, by how micro-batch values combine into a full-batch value.
 _SUMMED_PREFIXES = ("loss", "tokens", "samples")
-_TOKEN_WEIGHTED = ("clip_frac", "ratio_mean", "entropy", "kl")
+_TOKEN_WEIGHTED = ("clip_frac", "ratio_mean", "entropy", "kl", "rollout_kl", "is_weight_mean", "is_capped")
 _MAXED = ("ratio_max", "logprob_gap_max")
 
 
@@ -69,6 +69,7 @@ def grpo_loss(
     cfg: LossConfig = LossConfig(),
     normalizers: Mapping[Role, float] | None = None,
     ref_logp: torch.Tensor | None = None,  # [B, W] float: a reference model's, for the KL term
+    token_weight: torch.Tensor | None = None,  # [B, W] float, no grad: e.g. truncated importance weights
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Returns (scalar loss, stats).
 
@@ -100,6 +101,8 @@ def grpo_loss(
         kl_tok = torch.exp(delta) - delta - 1.0  # k3: unbiased, always >= 0
         if cfg.kl_coef:
             per_token = per_token + cfg.kl_coef * kl_tok
+    if token_weight is not None:  # as TRL's vLLM importance sampling: the whole token loss, KL included
+        per_token = per_token * token_weight.detach()
 
     loss = new_logp.sum() * 0.0  # anchor: backward() works even if every role is skipped
     stats: dict[str, float] = {"tokens": float(n_tokens)}
