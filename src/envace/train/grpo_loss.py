@@ -141,6 +141,16 @@ def grpo_loss(
     return loss, stats
 
 
+def truncated_is_weight(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                        cap: float) -> torch.Tensor:
+    """Per token ``min(exp(trainer - rollout), cap)``: the truncated importance weight of a token
+    sampled by another engine (quantised llama.cpp, vLLM) under the trainer's own policy, as verl
+    and TRL apply it to vLLM rollouts. 1 off the mask and where the engine gave no log-prob."""
+    ok = mask & torch.isfinite(rollout_logp)
+    delta = torch.where(ok, trainer_logp.detach() - rollout_logp, torch.zeros_like(trainer_logp))
+    return torch.exp(delta).clamp(max=cap)
+
+
 def merge_loss_stats(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Combine per-micro-batch stats: losses and counts add up (the losses were normalised by
     full-batch counts), ratios/entropy/kl/clip_frac average weighted by tokens, maxima max."""
