@@ -21,7 +21,7 @@ from envace.core.types import Role, TurnSample
 from envace.policy.prefixes import plan_shared_prefixes, prefix_inputs
 from envace.train.advantages import ScoredSample
 from envace.train.batching import PackedBatch, pack_samples, split_micro_batches
-from envace.train.grpo_loss import LossAgg, LossConfig, OldLogprobs, grpo_loss
+from envace.train.grpo_loss import LossAgg, LossConfig, OldLogprobs, grpo_loss, truncated_is_weight
 
 # The sampler's temperature: one for every sample, or one per role.
 Temperature = float | Mapping[Role, float]
@@ -211,6 +211,7 @@ def batch_loss(
     with_entropy: bool = True,
     share_prefixes: bool = True,
     old_logprobs: OldLogprobs = "sampler",
+    is_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One forward of ``model`` on ``batch``, then :func:`grpo_loss` on its log-probs; returns
     (scalar loss, stats). Stats as grpo_loss's, plus ``entropy`` (if asked) and, with
@@ -220,7 +221,11 @@ def batch_loss(
     instead of the sampler's. That is what recomputing them with the same weights first gives, in
     one forward instead of two, so it holds for the first optimiser step on a batch only (the
     updater uses it with ``ppo_epochs`` 1). The sampler's stay in the stats as
-    ``logprob_gap_max``, the largest |trainer - sampler| log-prob on this batch.
+    ``logprob_gap_max``, the largest |trainer - sampler| log-prob on this batch, and
+    ``rollout_kl``, the mean of sampler - trainer log-prob over the sampled tokens.
+    ``is_cap`` (with ``"current"``): each token's loss is weighted by the truncated importance
+    weight min(exp(trainer - sampler), is_cap) (:func:`truncated_is_weight`; stats ``is_weight_mean``,
+    ``is_capped``: the share of tokens at the cap).
     """
     cfg = LossConfig(clip=clip, clip_high=clip_high, agg=agg, kl_coef=kl_coef, caller_weight=caller_weight,
                      simulator_weight=simulator_weight)
@@ -243,13 +248,21 @@ def batch_loss(
         with torch.no_grad():
             ref_logp, _ = token_logprobs(ref_model, packed, temperature, share_prefixes=share_prefixes)
     old_logp = new_logp.detach() if old_logprobs == "current" else sampler_logp
+    weight = truncated_is_weight(old_logp, sampler_logp, mask, is_cap) if old_logprobs == "current" and is_cap else None
     loss, stats = grpo_loss(new_logp, old_logp, packed.advantages.to(device), mask, packed.roles, cfg,
-                            normalizers=normalizers, ref_logp=None if ref_logp is None else ref_logp.to(device))
+                            normalizers=normalizers, ref_logp=None if ref_logp is None else ref_logp.to(device),
+                            token_weight=weight)
     with torch.no_grad():
         if entropy is not None:
             stats["entropy"] = float(entropy[mask].mean())
         if old_logprobs == "current":
             stats["logprob_gap_max"] = float((new_logp - sampler_logp)[mask].abs().max())
+            known = mask & torch.isfinite(sampler_logp)
+            if bool(known.any()):
+                stats["rollout_kl"] = float((sampler_logp - new_logp)[known].mean())
+            if weight is not None:
+                stats["is_weight_mean"] = float(weight[mask].mean())
+                stats["is_capped"] = float((weight[mask] >= is_cap).float().mean())
     return loss, stats
 
 
