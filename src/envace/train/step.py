@@ -50,6 +50,10 @@ class UpdateSettings(BaseModel):
                                          "instead of keeping them: less memory per micro-batch for more "
                                          "compute (each layer runs twice), and shared prompt prefixes are no "
                                          "longer run once per group")
+    is_cap: float | None = Field(None, gt=0, description="when the trainer scores rollouts from another engine "
+                                 "(rollout.recompute_logprobs, ppo_epochs 1), weight each token's loss by the "
+                                 "truncated importance weight min(exp(trainer - rollout log-prob), is_cap), as TRL "
+                                 "and verl do for vLLM; None: off (2.0 with rollout.backend llamacpp)")
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class _UpdaterOwn:
                     caller_weight=self.caller_weight, simulator_weight=self.simulator_weight,
                     temperature=self.role_temperatures(), pad_id=self.pad_id, with_entropy=self.with_entropy,
                     share_prefixes=self.share_prefixes and not self.gradient_checkpointing,
-                    old_logprobs=self.old_logprobs)
+                    old_logprobs=self.old_logprobs, is_cap=self.is_cap)
 
     def role_weights(self) -> dict[Role, float]:
         return {"caller": self.caller_weight, "simulator": self.simulator_weight}
