@@ -36,8 +36,15 @@ class RolloutSettings(_Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_batch: int = Field(16, ge=1)
     # Who generates training rollouts (policy/weight_sync.py): the trainer's model in process, an
-    # OpenAI-compatible server (weights pushed to it after every update), or an in-process vLLM engine.
-    backend: Literal["transformers", "http", "vllm"] = "transformers"
+    # OpenAI-compatible server (weights pushed to it after every update), an in-process vLLM engine,
+    # or llama.cpp in process (policy/llamacpp_backend.py: the weights written as GGUF every update).
+    backend: Literal["transformers", "http", "vllm", "llamacpp"] = "transformers"
+    llamacpp_quant: Literal["F32", "BF16", "Q8_0", "Q4_1"] = Field("Q8_0", description="backend llamacpp: the "
+                                                                  "encoding of the pushed weights (quantised: "
+                                                                  "faster, sampled further from the trainer's "
+                                                                  "policy; see grpo.is_cap)")
+    llamacpp_ctx: int = Field(8192, ge=256, description="backend llamacpp: key/value cells shared by the rows "
+                              "decoded together (rows are grouped so their prompts plus new tokens fit)")
     server_url: str | None = Field(None, description="backend http: the server of the caller (and, in share "
                                    "mode, simulator) role, e.g. http://127.0.0.1:8000/v1")
     simulator_url: str | None = Field(None, description="the simulator role's server: noshare's trained "
@@ -295,6 +302,17 @@ class TrainConfig(_Section):
             raise ValueError(f"memory_episodes ({v}) must be below group_size ({g}): the memory is written "
                              "from the task's other episodes")
         return v
+
+    @model_validator(mode="after")
+    def _llamacpp_rollouts_are_rescored(self) -> TrainConfig:
+        if self.rollout.backend != "llamacpp":
+            return self
+        if self.rollout.recompute_logprobs is False:
+            raise ValueError("rollout.backend llamacpp: its log-probs come from other (quantised) weights; "
+                             "rollout.recompute_logprobs must stay on")
+        if "is_cap" not in self.grpo.model_fields_set:
+            self.grpo.is_cap = 2.0  # the truncated importance weight, as TRL's default for vLLM
+        return self
 
     @model_validator(mode="after")
     def _vocab_needs_scratch_model(self) -> TrainConfig:
