@@ -69,6 +69,17 @@ def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: A
                 raise ValueError(f"rollout.backend http, mode {cfg.mode}: the trained simulator model needs a "
                                  "server of its own (rollout.simulator_url)")
             return _http(r.simulator_url, tok, r.server_batches)
+    elif r.backend == "llamacpp":
+        from envace.policy.llamacpp_backend import LlamaCppBackend  # the llamacpp extra; a clear error without it
+
+        def llama(role: str) -> Any:  # the weights arrive by the pusher, before the first rollout
+            return LlamaCppBackend(tok, quant=r.llamacpp_quant, max_batch=r.max_batch, n_ctx=r.llamacpp_ctx,
+                                   work_dir=sync_dir / f"llamacpp-{role}")
+
+        caller = llama("caller")
+
+        def trained_sim() -> Any:
+            return llama("simulator")
     else:
         from envace.policy.vllm_backend import VLLMBackend  # the vllm extra; a clear error without it
 
