@@ -337,7 +337,7 @@ class Tau2Adapter:
             return None
         try:
             return len(_tasks(category, "package", None)[0])
-        except Exception:
+        except Exception:  # noqa: BLE001 - tau2's own loader failing: the size is unknown (None), the listing goes on
             return None
 
     def load(self, category: str, limit: int | None = None, data_dir: Path | str | None = None,

@@ -71,7 +71,7 @@ def atomic_write_text(path: Path | str, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # even on Ctrl-C: no temp file left behind; re-raised
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise

@@ -419,7 +419,7 @@ class MCPWorld(WorldProvider):
                 fut.cancel()
                 raise ValueError(f"{self.spec}: the MCP server did not list its tools within "
                                  f"{spec.startup_timeout_s + spec.timeout_s:g} s") from None
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - any failure of the session: reported as one ValueError
                 e = _leaf(e)
                 raise ValueError(f"{self.spec}: could not list the MCP server's tools: {type(e).__name__}: "
                                  f"{str(e)[:300]}{probe.report()}") from None

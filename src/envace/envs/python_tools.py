@@ -338,7 +338,7 @@ class PythonTools(WorldProvider):
             options = _options(f, target)
             try:
                 hints = typing.get_type_hints(f)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - unresolvable hints: the schema comes from the signature alone
                 hints = {}
             self._tools[n] = _Tool(function_schema(f, where, options), options,
                                    {k: pydantic_hint(h) for k, h in hints.items() if k != "return" and _is_structured(h)})

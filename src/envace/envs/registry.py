@@ -75,7 +75,7 @@ def _import_file(path: Path) -> types.ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the user's module: whatever it raises is reported as one ValueError
         del sys.modules[name]
         raise ValueError(f"{path}: importing it failed: {type(e).__name__}: {e}") from None
     return module

@@ -13,15 +13,22 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from envace.benchmarks.registry import get_adapter
 from envace.core.jsonl import append_jsonl
-from envace.experiments.bench_runner import bench_user, run_scored_episodes
+from envace.core.prompts import PromptStyle
+from envace.experiments.bench_runner import bench_play, bench_user, run_scored_episodes
 from envace.experiments.eval_models import load_eval_backend
 from envace.experiments.factory import GenerationSettings, make_actor, make_source
 from envace.experiments.rundir import RunDir
 from envace.experiments.summary import print_summary, summary_markdown
+from envace.policy.threads import apply_threads
+from envace.rollout.actors import PolicyActor
+from envace.rollout.sources import ModelSource
+from envace.testtime.memory import make_memory_writer
+from envace.testtime.rehearsal import MemoryActor, check_mode_budget, memories_after, rehearse
 
 
 @dataclass
@@ -61,9 +68,7 @@ class BenchJob:
     rehearsal_temperature: float = 0.7
 
 
-def _prompt_style(fmt: str):
-    from envace.core.prompts import PromptStyle
-
+def _prompt_style(fmt: str) -> PromptStyle:
     return PromptStyle(tool_format=fmt)  # type: ignore[arg-type]
 
 
@@ -71,12 +76,6 @@ def _rehearsed_actor(job: BenchJob, adapter: Any, chunk: list, policy: Any, gen:
                      actor: Any, run: RunDir, n: int) -> Any:
     """Private rehearsal of a chunk's entries (no real tool is called), then ``actor`` with each
     entry's memory in its prompt; the imagined episodes go to rehearsals.jsonl."""
-    from envace.experiments.bench_runner import bench_play
-    from envace.rollout.actors import PolicyActor
-    from envace.rollout.sources import ModelSource
-    from envace.testtime.memory import make_memory_writer
-    from envace.testtime.rehearsal import MemoryActor, check_mode_budget, memories_after, rehearse
-
     budget = 4 if job.budget is None else job.budget
     check_mode_budget(job.rehearse, budget)
     seed = job.seed + 7919 * n
@@ -98,8 +97,6 @@ def _rehearsed_actor(job: BenchJob, adapter: Any, chunk: list, policy: Any, gen:
 def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
     """``backend``: an already loaded policy backend (tests pass the tiny model)."""
     adapter = get_adapter(job.bench)
-    from pathlib import Path
-
     ok, why = adapter.available(Path(job.data_dir) if job.data_dir else None)
     if not ok:
         raise ValueError(f"benchmark {job.bench} is not available: {why}")
@@ -129,8 +126,6 @@ def run_bench_job(job: BenchJob, backend: Any | None = None) -> RunDir:
     gen = GenerationSettings(caller_max_new_tokens=job.max_new_tokens, simulator_max_new_tokens=job.max_new_tokens,
                              max_prompt_tokens=job.max_prompt_tokens, temperature=job.temperature,
                              max_batch=job.max_batch, style=_prompt_style(job.tool_format))
-    from envace.policy.threads import apply_threads
-
     apply_threads(job.threads, print)
 
     def load(spec: str):

@@ -6,6 +6,7 @@ from typing import Any
 
 from envace.experiments.config import GenerationSettings
 from envace.policy.transformers_backend import TransformersBackend
+from envace.reward.judge import ChatJudge, ModelJudge
 from envace.rollout.actors import PolicyActor
 from envace.rollout.sources import ModelSource, RealSource, ResponseSource
 
@@ -44,8 +45,6 @@ def make_source(name: str, policy: Any, gen: GenerationSettings, seed: int | Non
 def make_judge(cfg: Any, policy: Any | None = None) -> Any:
     """The judge of ``judge`` checklist items from a config's ``judge:`` section (None: no judge):
     an OpenAI-compatible endpoint (``url``), a local model (``model``), or else the policy."""
-    from envace.reward.judge import ChatJudge, ModelJudge
-
     if cfg is None:
         return None
     if cfg.url:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
+from envace.core.jsonl import read_jsonl_dicts, save_jsonl
 from envace.core.prompts import PromptStyle
 from envace.core.types import Task, Trajectory
 from envace.experiments.config import TrainConfig
@@ -148,7 +149,7 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
     (``sim_model`` rehearsing, default ``model``) beside the real run, with the rehearse role's
     fidelity (experiments/gap.py); ``details`` receives their trajectories and fidelity pairs."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
-    backend = TransformersBackend(model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch,
+    backend = TransformersBackend(model, tokenizer, device=dist.device(accelerator, cfg.device), max_batch=gen.max_batch,
                                   dtype=generation_dtype(cfg.rollout.dtype),
                                   kv_reuse_tokens=cfg.rollout.kv_reuse_tokens)
     mine, actor = dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed)
@@ -162,14 +163,14 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
     gap = None
     if ts.checklist and ts.kind == "real" and cfg.eval.rehearsal_gap:
         sim = backend if sim_model is None or sim_model is model else TransformersBackend(
-            sim_model, tokenizer, device=_device(accelerator, cfg), max_batch=gen.max_batch,
+            sim_model, tokenizer, device=dist.device(accelerator, cfg.device), max_batch=gen.max_batch,
             dtype=generation_dtype(cfg.rollout.dtype))
         gap = run_gap(mine, trajs, actor, gap_sources(sim, gen.style, gen.simulator_max_new_tokens,
                                                       cfg.eval.temperature, cfg.seed, gen.examples_as_recorded),
                       cfg.rollout.max_turns, k, judge=judge, log=log)
-        gap = GapParts(_in_task_order(dist.gather_trajectories(accelerator, gap.rehearsal), tasks, accelerator),
+        gap = GapParts(dist.gather_in_task_order(accelerator, gap.rehearsal, tasks),
                        dist.gather_objects(accelerator, gap.pairs))
-    trajs = _in_task_order(dist.gather_trajectories(accelerator, trajs), tasks, accelerator)
+    trajs = dist.gather_in_task_order(accelerator, trajs, tasks)
     n = len(trajs)
     solved = {t.task_id for t in trajs if t.solved}
     metrics = {"eval/success": sum(t.solved for t in trajs) / n,
@@ -357,7 +358,7 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
             log(f"run directory: {created.path}")
             init = Path(cfg.sft.init_from) if cfg.sft.enabled and cfg.sft.init_from else None
             policy, tok = run_policy(cfg, init)
-            policy.to(_device(accelerator, cfg))
+            policy.to(dist.device(accelerator, cfg.device))
             warm_start(policy, tok, cfg, created, log, clock, threads)
         run = RunDir(Path(dist.broadcast_object(accelerator, str(created.path) if created else "")))
     else:
@@ -368,12 +369,12 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
         log(f"resuming {run.path}: the SFT warm start did not finish; redoing it")
         init = Path(cfg.sft.init_from) if cfg.sft.init_from else None
         policy, tok = run_policy(cfg, init)
-        policy.to(_device(accelerator, cfg))
+        policy.to(dist.device(accelerator, cfg.device))
         _clear_phase(run, "sft")
         warm_start(policy, tok, cfg, run, log, clock, threads)
     if resume is not None or not main:
         policy, tok = run_policy(cfg, run.path / SFT_DIR)
-        policy.to(_device(accelerator, cfg))
+        policy.to(dist.device(accelerator, cfg.device))
         if (run.path / SFT_DIR).exists():
             load_checkpoint(run.path / SFT_DIR, policy, restore_rng=False)
     start_model = frozen_copy(policy)
@@ -415,33 +416,13 @@ def _warm_start_lost(cfg: TrainConfig, run: RunDir) -> bool:
 
 def _clear_phase(run: RunDir, phase: str) -> None:
     """Drop a redone phase's metric rows, so they do not count twice."""
-    from envace.core.jsonl import read_jsonl_dicts, save_jsonl
-
     path = run.path / "metrics.jsonl"
     if path.exists():
         save_jsonl(path, [r for r in read_jsonl_dicts(path) if r.get("phase") != phase])
 
 
-def _device(accelerator: Any | None, cfg: TrainConfig) -> Any:
-    if accelerator is not None:
-        return accelerator.device
-    if cfg.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return cfg.device
-
-
-def _in_task_order(trajs: list[Trajectory], tasks: list[Task], accelerator: Any | None) -> list[Trajectory]:
-    """Trajectories gathered from the ranks (rank by rank) back in the order of ``tasks``."""
-    if dist.num_processes(accelerator) == 1:
-        return trajs
-    index = {t.id: i for i, t in enumerate(tasks)}
-    return sorted(trajs, key=lambda t: (index.get(t.task_id, len(index)), t.trajectory_index))
-
-
 def _truncate_logs(run: RunDir, step: int) -> None:
     """Drop log rows of steps after the checkpoint: they are redone, and must not count twice."""
-    from envace.core.jsonl import read_jsonl_dicts, save_jsonl
-
     for name in ("metrics.jsonl", "trajectories.jsonl", "evals.jsonl", "eval_failures.jsonl",
                  "evals_rehearsal.jsonl", "eval_fidelity.jsonl"):
         path = run.path / name

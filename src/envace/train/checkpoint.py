@@ -300,7 +300,7 @@ def save_checkpoint(
             _remove_tree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
-    except BaseException:
+    except BaseException:  # even on Ctrl-C: no half-written checkpoint left behind; re-raised
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _write_text_atomic(root / LATEST_FILE, final.name + "\n")

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
+from accelerate.utils import gather_object
 
 T = TypeVar("T")
 
@@ -50,8 +51,6 @@ def gather_objects(accelerator: Any | None, items: list[T]) -> list[T]:
     ``torch.distributed.all_gather_object``, via accelerate)."""
     if num_processes(accelerator) == 1:
         return list(items)
-    from accelerate.utils import gather_object
-
     return list(gather_object(list(items)))
 
 

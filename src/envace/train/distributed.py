@@ -33,11 +33,14 @@ import copy
 import functools
 import inspect
 import warnings
+from datetime import timedelta
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, broadcast_object_list
 from torch import nn
 
 from envace.core.types import Role, Trajectory
@@ -64,14 +67,10 @@ def make_accelerator(timeout_s: float | None = None, **kwargs: Any) -> Any | Non
     wait at a barrier while rank 0 runs a long SFT warm start)."""
     if not launched_distributed():
         return None
-    from accelerate import Accelerator
-
     if "cpu" not in kwargs and not _has_accelerator_device():
         # accelerate only sets up a CPU process group (gloo) when asked to run on CPU.
         kwargs["cpu"] = True
     handlers = list(kwargs.get("kwargs_handlers") or [])
-    from accelerate.utils import DistributedDataParallelKwargs
-
     if not any(isinstance(h, DistributedDataParallelKwargs) for h in handlers):
         # No collective in DDP's forward: the loss may call the decoder a data-dependent number of
         # times per micro-batch (a shared prompt prefix runs once, then the rows' own tokens), so
@@ -80,10 +79,6 @@ def make_accelerator(timeout_s: float | None = None, **kwargs: Any) -> Any | Non
         # frequencies) are constants: there is nothing to broadcast.
         handlers.append(DistributedDataParallelKwargs(broadcast_buffers=False))
     if timeout_s is not None:
-        from datetime import timedelta
-
-        from accelerate.utils import InitProcessGroupKwargs
-
         handlers.append(InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s)))
     kwargs["kwargs_handlers"] = handlers
     accelerator = Accelerator(**kwargs)
@@ -321,8 +316,6 @@ def broadcast_object(accelerator: Any | None, obj: T) -> T:
     """Rank 0's ``obj`` on every rank (pickled; for small things such as a run directory path)."""
     if num_processes(accelerator) == 1:
         return obj
-    from accelerate.utils import broadcast_object_list
-
     return broadcast_object_list([obj], from_process=0)[0]
 
 
