@@ -34,8 +34,8 @@ from envace.experiments.gap import GapParts, failure_metrics, gap_metrics, gap_s
 from envace.experiments.progress import JobClock, StepProgress
 from envace.experiments.report import write_train_report
 from envace.experiments.rundir import RunDir
-from envace.experiments.tasksets import (EvalKind, TaskSet, WorldTasks, eval_kind, eval_tasks,  # noqa: F401
-                                         has_real_world, real_eval_tasks, sampled_pool, task_set, train_tasks)
+from envace.experiments.tasksets import (EvalKind, TaskSet, WorldTasks, eval_kind, eval_tasks, real_eval_tasks,
+                                         sampled_pool, task_set, train_tasks)
 from envace.experiments.train_step import Trainer, own_forward_logprobs, train_step
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
