@@ -138,6 +138,11 @@ def test_exported_chat_template_renders_tools_as_training_did(run, tmp_path):
     out = tmp_path / "exported"
     assert main(["export", "model", str(run), "--to", str(out)]) == 0
     exported = AutoTokenizer.from_pretrained(out)
+    # `envace eval --model` on the export reads the run's prompt section from the config it carries
+    # (the slow test below does it with a json-format run)
+    from envace.experiments.eval_models import resolve_eval_models
+
+    assert resolve_eval_models(str(out)).style == PromptStyle()
     _, tok = load_model("tiny")
     calendar = select_tasks("calendar", "all", 6, tool_distractors=0, tasks_per_world=60)
     _assert_template_matches_training(tok, exported, PromptStyle(), calendar)
@@ -327,6 +332,31 @@ def test_a_run_with_lora_off_says_so(tmp_path, capsys):
     card = (out / "README.md").read_text()
     assert "LoRA off" in card and "merged into" not in card and "lora" not in card_metadata(out / "README.md")["tags"]
     assert not (out / "adapter_config.json").exists() and (out / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_eval_of_an_export_prompts_as_its_training_run_did(tmp_path, capsys):
+    """A run trained with the json tool format: `envace eval --model EXPORTED` reads the export's
+    envace_train_config.yaml and prompts with json tools, as evaluating its checkpoint does."""
+    from envace.experiments.eval_models import resolve_eval_models
+
+    run = _train(tmp_path, steps=1, eval={"every": 0, "tasks": 2}, prompt={"tool_format": "json"})
+    out = tmp_path / "exported"
+    assert main(["export", "model", str(run), "--to", str(out)]) == 0
+    models = resolve_eval_models(str(out))
+    assert models.style == PromptStyle(tool_format="json")
+    # the turn and token caps come along; the task file and world (paths cut to a name) do not
+    assert set(models.run_config) == {"prompt", "rollout"}
+    capsys.readouterr()
+    few = [*EVAL[:EVAL.index("--tasks")], "--tasks", "1", *EVAL[EVAL.index("--tasks") + 2:]]
+    assert main(["eval", "--model", str(out), *few, "--out", str(tmp_path / "ev"), "--name", "exp"]) == 0
+    assert "training prompt style from the export's envace_train_config.yaml" in capsys.readouterr().out
+    cfg = yaml.safe_load((tmp_path / "ev" / "exp" / "config.yaml").read_text())
+    assert cfg["resolved"]["prompt_style"]["tool_format"] == "json"
+    # exporting the export keeps the run's config, so its template renders json tools too
+    again = tmp_path / "again"
+    assert main(["export", "model", str(out), "--to", str(again)]) == 0
+    assert yaml.safe_load((again / "envace_train_config.yaml").read_text())["prompt"]["tool_format"] == "json"
 
 
 def test_export_of_nothing_says_so(tmp_path, capsys):

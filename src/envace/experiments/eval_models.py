@@ -47,8 +47,24 @@ def run_dir_of(ckpt: Path) -> Path | None:
                  if (d / "config.yaml").is_file()), None)
 
 
+EXPORT_CONFIG = "envace_train_config.yaml"  # beside the weights of an `envace export model` directory
+
+
+def exported_config(model_dir: Path) -> dict[str, Any] | None:
+    """The training config an exported model directory carries (its paths cut to their last part)."""
+    try:
+        cfg = yaml.safe_load((model_dir / EXPORT_CONFIG).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
 def run_config(ckpt: Path) -> dict[str, Any] | None:
-    """The ``config.yaml`` of :func:`run_dir_of`, when it is a training config."""
+    """The ``config.yaml`` of :func:`run_dir_of`, when it is a training config; for an exported
+    model directory, the training config it carries."""
+    exported = exported_config(ckpt)
+    if exported is not None:
+        return exported
     run = run_dir_of(ckpt)
     if run is None:
         return None
@@ -91,13 +107,19 @@ def resolve_eval_models(spec: str) -> EvalModels:
         return EvalModels(caller=spec, simulator=spec)
     cfg = run_config(path)
     style = train_style(cfg)
+    source = "the run's config.yaml"
+    if exported_config(path) is not None:
+        # An exported model: its prompt and rollout caps are the run's; its task file and world
+        # names are cut to their last part and would point nowhere here, so they are not taken.
+        cfg = {k: v for k, v in (cfg or {}).items() if k in ("prompt", "rollout")}
+        source = f"the export's {EXPORT_CONFIG}"
     if _loadable(path):
         return EvalModels(caller=str(path), simulator=str(path), style=style, run_config=cfg,
-                          notes=[f"training prompt style from the run's config.yaml: {style}"] if style else [])
+                          notes=[f"training prompt style from {source}: {style}"] if style else [])
     subdirs = {p.name: p for p in path.iterdir() if _loadable(p)}
     notes = []
     if style:
-        notes.append(f"training prompt style from the run's config.yaml: {style}")
+        notes.append(f"training prompt style from {source}: {style}")
     if "policy" in subdirs:
         notes.insert(0, f"{path} is a checkpoint with a shared policy: using {subdirs['policy']} for both roles")
         return EvalModels(caller=str(subdirs["policy"]), simulator=str(subdirs["policy"]), notes=notes, style=style,
