@@ -134,3 +134,61 @@ def test_without_the_binding_the_error_names_the_extra(tmp_path):
             "try:\n    LlamaCppBackend(None)\nexcept ImportError as e:\n    print(e)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "pip install 'envace[llamacpp]'" in done.stdout, done.stderr[-2000:]
+
+
+def test_truncated_importance_weight_scales_each_tokens_loss():
+    """With the trainer scoring the rollouts itself (old_logprobs "current"), each token's loss is
+    weighted by min(exp(trainer - rollout), cap): an engine that gave the tokens far lower
+    probability than the trainer's policy is capped at ``cap``; the same log-probs weigh 1."""
+    from envace.core.types import TurnSample
+    from envace.train.advantages import ScoredSample
+    from envace.train.forward import batch_loss, recompute_logprobs
+    from envace.train.grpo_loss import truncated_is_weight
+
+    model, tok = load_model("tiny")
+    samples = [TurnSample(role="caller", group_id="t", trajectory_index=i, turn=0, prompt_ids=tok.encode(text),
+                          gen_ids=[42, 7, 99], logprobs=[0.0] * 3)
+               for i, text in enumerate(TEXTS[:2])]
+    recompute_logprobs(model, samples)  # the trainer's own log-probs
+    trainer = [list(s.logprobs) for s in samples]
+    scored = [ScoredSample(sample=s, advantage=a, reward=0.0) for s, a in zip(samples, (1.0, -0.5))]
+
+    def loss(shift, cap):
+        for s, lp in zip(samples, trainer):
+            s.logprobs = [v + shift for v in lp]
+        value, stats = batch_loss(model, scored, old_logprobs="current", is_cap=cap, with_entropy=False)
+        return float(value.detach()), stats
+
+    plain, stats = loss(0.0, None)
+    same, same_stats = loss(0.0, 2.0)
+    low, low_stats = loss(-10.0, 2.0)
+    high, high_stats = loss(+10.0, 2.0)
+    assert same == pytest.approx(plain, rel=1e-5) and same_stats["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert low == pytest.approx(2.0 * plain, rel=1e-5) and low_stats["is_capped"] == 1.0  # weight capped at 2
+    assert high == pytest.approx(float(np.exp(-10.0)) * plain, rel=1e-3)  # an engine surer than the trainer
+    assert low_stats["rollout_kl"] == pytest.approx(-10.0, abs=1e-4) and abs(stats["rollout_kl"]) < 1e-4
+    # off the mask, and where the engine gave no log-prob, the weight is 1
+    w = truncated_is_weight(torch.tensor([[0.0, -1.0, 0.0]]), torch.tensor([[-5.0, float("nan"), -5.0]]),
+                            torch.tensor([[True, True, False]]), 3.0)
+    assert w.tolist() == [[3.0, 1.0, 1.0]]
+
+
+def test_the_rollout_backend_setting_builds_a_synced_llamacpp_engine(tmp_path):
+    """rollout.backend llamacpp: the caller's engine is llama.cpp, one engine for both roles in
+    share mode, its weights pushed by the run's pusher; the trainer rescores its log-probs."""
+    from envace.experiments.config import parse_config
+    from envace.experiments.rollout_backends import rollout_backends
+
+    model, tok = load_model("tiny")
+    models = type("Models", (), {"trained": {"policy": model}, "for_role": lambda self, r: model})()
+    cfg = parse_config({"model": "tiny", "rollout": {"backend": "llamacpp", "llamacpp_quant": "F32",
+                                                     "llamacpp_ctx": 1024, "max_batch": 4}})
+    assert cfg.grpo.is_cap == 2.0 and cfg.rollout.recomputes_logprobs
+    backends = rollout_backends(cfg, models, model, tok, "cpu", tmp_path)
+    assert isinstance(backends.caller, LlamaCppBackend) and backends.simulator is backends.caller
+    assert backends.recompute and len(backends.pushers) == 1
+    backends.sync()
+    assert backends.caller.syncs == 1 and backends.caller.path.parent.parent == tmp_path / "sync"
+    prompts = _prompts(tok)
+    ref = TransformersBackend(model, tok).generate(prompts, GREEDY)
+    assert [g.token_ids for g in backends.caller.generate(prompts, GREEDY)] == [g.token_ids for g in ref]
