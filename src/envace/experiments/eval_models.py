@@ -144,16 +144,25 @@ def resolve_eval_models(spec: str) -> EvalModels:
 
 
 def load_eval_backend(spec: str, max_batch: int = 16, device: str = "cpu", dtype: str = "float32",
-                      kv_reuse_tokens: int = 0) -> Any:
+                      kv_reuse_tokens: int = 0, llamacpp_quant: str | None = None) -> Any:
     """Load a backend, turning any loading failure (a checkpoint that does not match its base,
     a corrupt file) into a one-line ValueError. ``dtype``: what generation runs in (the weights
-    load in fp32, as training saw them, and a copy is cast: the same path as rollout.dtype)."""
+    load in fp32, as training saw them, and a copy is cast: the same path as rollout.dtype).
+    ``llamacpp_quant``: generate on llama.cpp instead, the weights written in this encoding."""
+    if llamacpp_quant is not None:
+        from envace.policy.llamacpp_backend import import_binding
+
+        import_binding()  # without the extra: an ImportError naming it, before any loading
     from envace.policy.loading import ModelSpecError, load_model
     from envace.policy.transformers_backend import TransformersBackend, generation_dtype
 
     low = generation_dtype(dtype)
     try:
         model, tokenizer = load_model(spec)
+        if llamacpp_quant is not None:
+            from envace.policy.llamacpp_backend import LlamaCppBackend
+
+            return LlamaCppBackend(tokenizer, model, quant=llamacpp_quant, max_batch=max_batch)
         return TransformersBackend(model, tokenizer, max_batch=max_batch, device=device, dtype=low,
                                    kv_reuse_tokens=kv_reuse_tokens)
     except (ModelSpecError, FileNotFoundError):  # already name the spec and say what is accepted
