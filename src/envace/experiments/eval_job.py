@@ -102,6 +102,7 @@ class EvalJob:
     device: str = "cpu"
     dtype: str = "float32"  # generation: float32 | bfloat16 (a cast copy of the model)
     kv_reuse_tokens: int = 0  # key/value caches kept between turns (policy/kv_reuse.py); 0: off
+    llamacpp_quant: str | None = None  # generate on llama.cpp, the weights in this encoding (F32 BF16 Q8_0 Q4_1)
     out: str = "runs"
     name: str | None = None
 
@@ -405,9 +406,10 @@ def run_eval_job(job: EvalJob, log=print) -> RunDir:
     from envace.policy.threads import apply_threads
 
     apply_threads(job.threads, log)
-    caller = load_eval_backend(models.caller, job.max_batch, job.device, job.dtype, job.kv_reuse_tokens)
+    caller = load_eval_backend(models.caller, job.max_batch, job.device, job.dtype, job.kv_reuse_tokens,
+                               job.llamacpp_quant)
     sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch, job.device, job.dtype,
-                                                         job.kv_reuse_tokens)
+                                                         job.kv_reuse_tokens, job.llamacpp_quant)
     run = RunDir.create(job.out, "eval", job_config(job, models, budget), seed=job.seed, name=job.name)
     log(f"run directory: {run.path}")
     style = models.style or PromptStyle()
