@@ -67,6 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="generate in this dtype (bfloat16: faster on CPUs with AVX512-BF16; compare checkpoints "
                         "in one dtype)")
+    p.add_argument("--backend", default="transformers", choices=["transformers", "llamacpp"],
+                   help="generation engine: transformers (the reference) or llama.cpp (pip install "
+                        "'envace[llamacpp]'; the weights written as GGUF in --llamacpp-quant)")
+    p.add_argument("--llamacpp-quant", default="Q8_0", choices=["F32", "BF16", "Q8_0", "Q4_1"])
     p.add_argument("--kv-reuse-tokens", type=int, default=0,
                    help="keep up to this many tokens of key/value cache between turns, so a later turn "
                         "prefills only its new tokens (0: off)")
@@ -116,6 +120,7 @@ def _run(args: argparse.Namespace) -> int:
         tool_distractors=args.tool_distractors, tasks_per_world=args.tasks_per_world, fidelity_max_new_tokens=args.fidelity_max_new_tokens,
         summary_max_new_tokens=args.summary_max_new_tokens, device=args.device, dtype=args.dtype,
         kv_reuse_tokens=args.kv_reuse_tokens,
+        llamacpp_quant=args.llamacpp_quant if args.backend == "llamacpp" else None,
         rehearsal_temperature=args.rehearsal_temperature, temperature=args.temperature, max_batch=args.max_batch,
         threads=args.threads, seed=args.seed, out=args.out, name=args.name,
         simulator_context=args.simulator_context, rehearsal_gap=not args.no_rehearsal_gap,
