@@ -153,6 +153,24 @@ def test_replays_answered_with_an_environment_error_are_dropped_and_counted(pant
     assert data.dropped == {"ENVIRONMENT_ERROR": [crashed[1]["id"]]} and data.from_records == 1
 
 
+def test_a_huge_recorded_result_is_capped_as_a_live_worlds_would_be(pantry, tok):
+    """A result recorded in the file (reference or example) is cut with the marker a live world's
+    result gets, so one huge record cannot stall the warm start."""
+    from envace.envs.provider import MAX_RESULT_CHARS
+
+    rows = _recorded([r for r in pantry["rows"] if r["split"] == "train"][:1], pantry["spec"])
+    huge = {"item": "flour", "units": 3, "log": "x" * (3 * MAX_RESULT_CHARS)}
+    rows[0]["reference"]["calls"][0]["result"] = huge
+    rows[0]["examples"][0]["result"] = huge
+    task = Task.model_validate(rows[0])
+    data = oracle_warm_start([task], tok, PromptStyle(), example_tasks=[task], example_limit=10)
+    sims = [tok.decode(s.gen_ids) for s in data.samples if s.role == "simulator"]
+    cut = [t for t in sims if "[envace: result truncated:" in t]
+    assert len(cut) == 2 and all(len(t) < MAX_RESULT_CHARS + 200 for t in cut)  # the replayed call and the example
+    (caller,) = [s for s in data.samples if s.role == "caller"]
+    assert "x" * (2 * MAX_RESULT_CHARS) not in tok.decode(caller.prompt_ids + caller.gen_ids)
+
+
 def test_validate_refuses_a_reference_with_some_results_recorded(pantry, tmp_path):
     from envace.experiments.task_check import validate_task_file
 

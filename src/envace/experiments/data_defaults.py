@@ -20,6 +20,7 @@ from envace.core.toolcall import RESULT_CLOSE, format_tool_call
 from envace.core.types import Task
 from envace.experiments.config import TrainConfig
 from envace.rollout.sources import dump_result
+from envace.train.sft import recorded_text
 
 TOKEN_MARGIN = 1.25  # a sampled turn runs a little longer than the reference's own wording
 TOKEN_SLACK = 8
@@ -62,8 +63,8 @@ def recorded_results(tasks: Sequence[Task]) -> list[str]:
     out = []
     for t in tasks:
         if t.reference is not None:
-            out += [dump_result(c.result) + RESULT_CLOSE for c in t.reference.calls if c.result is not None]
-        out += [dump_result(e.result) + RESULT_CLOSE for e in t.examples]
+            out += [recorded_text(c.result) + RESULT_CLOSE for c in t.reference.calls if c.result is not None]
+        out += [recorded_text(e.result) + RESULT_CLOSE for e in t.examples]
     return out
 
 

@@ -31,7 +31,7 @@ from envace.core.toolcall import RESULT_CLOSE, RESULT_OPEN
 from envace.core.errors import error_code
 from envace.core.types import Role, Task, ToolCall, Trajectory, TurnSample, trajectory_calls
 from envace.envs.probes import error_probes as probe_calls
-from envace.envs.provider import ENVIRONMENT_ERROR, TOOL_EXECUTION_ERROR
+from envace.envs.provider import ENVIRONMENT_ERROR, TOOL_EXECUTION_ERROR, cap_result
 from envace.rollout.actors import OracleActor
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.sources import RealSource, ToolRequest, ToolResponse, dump_result
@@ -130,8 +130,14 @@ class RecordedSource:
                 value = calls[i].result
             else:  # only the oracle runs here, and it makes exactly the reference's calls
                 value = {"error": {"code": ENVIRONMENT_ERROR, "message": "no recorded result for this call"}}
-            out.append(ToolResponse(text=dump_result(value), rehearsed=False))
+            out.append(ToolResponse(text=recorded_text(value), rehearsed=False))
         return out
+
+
+def recorded_text(value: Any) -> str:
+    """A result recorded in the task file as the caller would see it from a live world: JSON text,
+    capped (with a marker) as a world's results are (``envs.provider.cap_result``)."""
+    return dump_result(cap_result(value)[0])
 
 
 def replay_failure(traj: Trajectory) -> str | None:
@@ -198,7 +204,7 @@ def example_sft_samples(tasks: Sequence[Task], tokenizer, style: PromptStyle, li
     for n, (task, i) in enumerate(picked):
         ex = task.examples[i]
         others = task.model_copy(update={"examples": task.examples[:i] + task.examples[i + 1:]})
-        body = dump_result(ex.result) + RESULT_CLOSE
+        body = recorded_text(ex.result) + RESULT_CLOSE
         target = _ids(tokenizer, body if style.prefill_result_tag else RESULT_OPEN + body)
         prompt = render_simulator_prompt(tokenizer, others, ToolCall(name=ex.tool, arguments=ex.arguments), [], style)
         out.append(TurnSample(role="simulator", group_id=task.id, trajectory_index=0, turn=1000 + n,
