@@ -4,7 +4,8 @@
 trainer's own model, in process: nothing to push), ``http`` (an OpenAI-compatible server such
 as ``envace serve --allow-weight-updates``: the weights go to it as a safetensors file it loads
 through ``POST /v1/load_weights``; the file must be readable by the server, e.g. the same
-machine or a shared disk) or ``vllm`` (an in-process vLLM engine: ``VLLMBackend.sync_weights``).
+machine or a shared disk), ``vllm`` (an in-process vLLM engine: ``VLLMBackend.sync_weights``) or
+``llamacpp`` (llama.cpp in process: ``LlamaCppBackend.sync_weights`` writes a GGUF file and reloads it).
 The pushed weights are the served model's own names (peft LoRA merged out of place, wrappers
 stripped: :func:`envace.policy.vllm_backend.vllm_weights`), pushed before the first rollout (the
 server may hold the base model while the trainer holds a warm start) and after every update.
@@ -39,7 +40,7 @@ def save_served_weights(model: nn.Module, path: Path) -> int:
 class WeightPusher:
     """Keeps one serving backend's weights equal to one trained model's."""
 
-    backend: Any  # HTTPBackend or VLLMBackend
+    backend: Any  # HTTPBackend, or VLLMBackend / LlamaCppBackend (they have sync_weights)
     model: nn.Module
     path: Path  # where the http push writes its file
     pushes: int = 0
