@@ -112,7 +112,7 @@ def train_step(t: Trainer, step: int) -> tuple[dict[str, Any], list[Trajectory]]
     t_roll = time.perf_counter() - t0
     kv1 = kv_counts(b.caller, b.simulator)
     own = own_forward_logprobs(cfg)  # the update's forward scores the rollouts itself
-    gap = recompute_gap(t, scored) if b.recompute and not own else None
+    gap, rollout_kl = recompute_gap(t, scored) if b.recompute and not own else (None, None)
     anchor = step_anchor(t.anchors, cfg, step) if t.anchors else ()
     ustats = update_for_mode(t.models.spec, t.updaters, scored, lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps),
                              anchor=anchor)
@@ -137,6 +137,8 @@ def train_step(t: Trainer, step: int) -> tuple[dict[str, Any], list[Trajectory]]
         gap = max((v for k, v in ustats.items() if k.endswith("/logprob_gap_max")), default=0.0)
     if gap is not None:
         row["logprob_gap_max"] = gap  # engine vs trainer, on this rank's samples
+    if rollout_kl is not None:  # mean engine - trainer log-prob (with ppo_epochs 1: the update's <model>/rollout_kl)
+        row["rollout_kl"] = rollout_kl
     row.update(dist.global_advantage_stats(acc, got.scored))  # every group rolled out, flat ones too
     if got.groups_trained is not None:
         row.update({"rollout_rounds": float(got.rounds), "groups_trained": float(got.groups_trained)})
@@ -156,10 +158,11 @@ def step_anchor(samples: list, cfg: TrainConfig, step: int) -> list:
     return random.Random(cfg.seed * 1_000_033 + step).sample(samples, min(cfg.grpo.anchor_samples, len(samples)))
 
 
-def recompute_gap(t: Trainer, scored: list[ScoredSample]) -> float:
+def recompute_gap(t: Trainer, scored: list[ScoredSample]) -> tuple[float, float | None]:
     """The rollout log-probs of the samples each update will run (``GRPOUpdater.forwarded``),
-    scored again by the model it trains (see forward.recompute_logprobs); the largest gap."""
-    gap = 0.0
+    scored again by the model it trains (see forward.recompute_logprobs); the largest gap, and the
+    mean of rollout - trainer log-prob over their tokens (None: no tokens)."""
+    gap, diff, n = 0.0, 0.0, 0
     for key, samples in t.models.spec.split_by_model(scored).items():
         up = t.updaters[key]
         temps = up.config.role_temperatures()
@@ -167,9 +170,12 @@ def recompute_gap(t: Trainer, scored: list[ScoredSample]) -> float:
             mine = [x.sample for x in up.forwarded(samples) if x.sample.role == role]
             if mine:
                 temp = temps[role] if isinstance(temps, dict) else temps
+                before = [list(s.logprobs) for s in mine]
                 gap = max(gap, recompute_logprobs(up.model, mine, temp, up.config.pad_id,
                                                   up.config.micro_batch_tokens, up.config.mixed_precision))
-    return gap
+                pairs = [(a, b) for s, old in zip(mine, before) for a, b in zip(old, s.logprobs) if a == a]  # a NaN: none
+                diff, n = diff + sum(a - b for a, b in pairs), n + len(pairs)
+    return gap, (diff / n if n else None)
 
 
 def kv_counts(*backends: Any) -> tuple[int, int]:
