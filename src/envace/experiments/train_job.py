@@ -455,15 +455,29 @@ def job_plan(cfg: TrainConfig, resume: bool) -> list[tuple[str, str]]:
 
 def _eval_size(cfg: TrainConfig) -> tuple[int, str]:
     """How many tasks the eval runs, and what kind of eval it is (real-world / rehearsal-judged), as
-    the run will find them; a config the run will refuse keeps the configured count."""
+    the run will find them; a config the run will refuse keeps the configured count. Remembered per
+    config and task-file version: the plan asks several times, and tasks without tools list them
+    from their world (an MCP server is started for it)."""
     if cfg.bench is not None:
         return cfg.eval.tasks, "real-world"
-    try:
-        held_out = real_eval_tasks(cfg, grpo_pool(cfg)) if cfg.eval.split == "pool" else eval_tasks(cfg)
-        kind = eval_kind(cfg, held_out)
-    except (ValueError, OSError):  # the run says what is wrong where it meets it
-        return cfg.eval.tasks, "real-world"
-    return len(held_out), "real-world" if kind == "real" else "rehearsal-judged"
+    stamp = ""
+    if cfg.task_file is not None and Path(cfg.task_file).exists():
+        st = Path(cfg.task_file).stat()
+        stamp = f"{st.st_mtime_ns}:{st.st_size}"
+    key = cfg.model_dump_json() + stamp
+    if key not in _EVAL_SIZES:
+        try:
+            held_out = real_eval_tasks(cfg, grpo_pool(cfg)) if cfg.eval.split == "pool" else eval_tasks(cfg)
+            kind = eval_kind(cfg, held_out)
+            _EVAL_SIZES[key] = len(held_out), "real-world" if kind == "real" else "rehearsal-judged"
+        except (ValueError, OSError):  # the run says what is wrong where it meets it
+            return cfg.eval.tasks, "real-world"
+        while len(_EVAL_SIZES) > 16:
+            _EVAL_SIZES.pop(next(iter(_EVAL_SIZES)))
+    return _EVAL_SIZES[key]
+
+
+_EVAL_SIZES: dict[str, tuple[int, str]] = {}
 
 
 def fitted_to_data(cfg: TrainConfig, log: Any = None) -> TrainConfig:
