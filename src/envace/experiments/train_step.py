@@ -173,7 +173,8 @@ def recompute_gap(t: Trainer, scored: list[ScoredSample]) -> tuple[float, float 
                 before = [list(s.logprobs) for s in mine]
                 gap = max(gap, recompute_logprobs(up.model, mine, temp, up.config.pad_id,
                                                   up.config.micro_batch_tokens, up.config.mixed_precision))
-                pairs = [(a, b) for s, old in zip(mine, before) for a, b in zip(old, s.logprobs) if a == a]  # a NaN: none
+                # a == a: an engine's missing (NaN) log-prob adds nothing
+                pairs = [(a, b) for s, old in zip(mine, before) for a, b in zip(old, s.logprobs) if a == a]
                 diff, n = diff + sum(a - b for a, b in pairs), n + len(pairs)
     return gap, (diff / n if n else None)
 
