@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from envace.core.prompts import PromptStyle
+from envace.rollout.engine import RolloutConfig
 from envace.train.step import UpdateSettings
 
 
@@ -24,7 +25,7 @@ class _Section(BaseModel):
 
 
 class RolloutSettings(_Section):
-    max_turns: int = Field(4, ge=1)
+    max_turns: int = Field(RolloutConfig.max_turns, ge=1)  # the engine's default
     caller_max_new_tokens: int = Field(64, ge=1)
     simulator_max_new_tokens: int = Field(64, ge=1)
     max_prompt_tokens: int = Field(1536, ge=16)
@@ -77,6 +78,10 @@ class RolloutSettings(_Section):
         if self.recompute_logprobs is not None:
             return self.recompute_logprobs
         return self.backend != "transformers" or self.dtype != "float32"
+
+    def episodes(self, group_size: int) -> RolloutConfig:
+        """The episode engine's settings for ``group_size`` episodes per task under this section."""
+        return RolloutConfig(group_size=group_size, max_turns=self.max_turns)
 
     def generation(self, style: PromptStyle, temperature: float | None = None) -> GenerationSettings:
         """This section's generation settings with the prompt ``style``; ``temperature``: both

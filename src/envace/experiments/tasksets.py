@@ -24,7 +24,7 @@ from envace.experiments.bench_train import BenchTaskSet, bench_episodes, bench_t
 from envace.experiments.config import TrainConfig
 from envace.experiments.factory import GenerationSettings, make_source
 from envace.experiments.tasks import select_tasks
-from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
+from envace.rollout.engine import log_turns, run_episodes
 from envace.rollout.sources import RealSource, ResponseSource
 from envace.testtime.memory import make_memory_writer
 from envace.testtime.rehearsal import episodes_with_memory
@@ -142,7 +142,7 @@ class WorldTasks(TaskSet):
     def play(self, tasks: list, actor: Any, source: ResponseSource | None, backend: Any, seed: int | None,
              judge: Any = None) -> tuple[list[Trajectory], float]:
         cfg = self.cfg
-        episodes = RolloutConfig(group_size=cfg.group_size, max_turns=cfg.rollout.max_turns)
+        episodes = cfg.rollout.episodes(cfg.group_size)
         source = self.real if source is None else source
         if cfg.memory_episodes:  # the group's last k episodes see a memory of its first G-k
             trajs, stats, _ = episodes_with_memory(tasks, actor, source, episodes, cfg.memory_episodes,
@@ -160,7 +160,7 @@ class WorldTasks(TaskSet):
             source.record_samples = False
         progress = log_turns(log, "  eval: ", cfg.rollout.max_turns) if log else None
         trajs, _ = run_episodes(tasks, actor, source,
-                                RolloutConfig(group_size=cfg.eval.samples, max_turns=cfg.rollout.max_turns),
+                                cfg.rollout.episodes(cfg.eval.samples),
                                 judge=judge, on_turn=progress)
         return trajs
 
