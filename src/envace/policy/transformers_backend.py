@@ -13,10 +13,13 @@ rollout's generation time on CPU (profiled for issue #6), so this is where batch
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+import torch.nn.functional as F
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -24,6 +27,9 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from envace.policy.kv_reuse import KVStore
 from envace.policy.prefixes import PrefixPlan, pad_rows, plan_shared_prefixes, prefix_inputs
 from envace.core.sampling import FinishReason, Generation, SamplingParams
+
+# on_tokens(row, token_ids, logprobs): called from the decode loop with each row's new tokens.
+TokenCallback = Callable[[int, list[int], list[float]], None]
 
 # Mixes the run seed with a prompt's index so each prompt draws from its own stream: a row's
 # sample then does not depend on which other rows share its batch or when they finish.
@@ -80,6 +86,8 @@ class TransformersBackend:
         # Key/value caches kept between calls (kv_reuse.py): a later turn prefills only its new
         # tokens. 0: off. Only for models whose every layer keeps a plain, full-length cache.
         self.kv_store = KVStore(kv_reuse_tokens) if kv_reuse_tokens > 0 and _plain_cache(model) else None
+        # One-row bf16 linears as matrix-vector products while generating (_one_row_matvec).
+        self.one_row_matvec = self.device.type == "cpu" and _has_amx()
 
     @classmethod
     def from_spec(cls, spec: str, dtype: torch.dtype = torch.float32, **kw: Any) -> "TransformersBackend":
@@ -91,7 +99,17 @@ class TransformersBackend:
 
     # ------------------------------------------------------------------ public
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, on_tokens: TokenCallback | None = None
+    ) -> list[Generation]:
+        """One Generation per prompt, in prompt order.
+
+        ``on_tokens(row, token_ids, logprobs)``, if given, is called from the decode loop each time
+        row ``row`` (an index into ``prompts``) samples tokens, with those tokens and their
+        logprobs, on this thread, before the row's next token is computed: a server streams with
+        it. The tokens are exactly the ones the row's Generation will hold (an EOS and a stop
+        string's tokens included). An exception it raises ends the whole call.
+        """
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
@@ -109,11 +127,12 @@ class TransformersBackend:
         was_training = model.training
         model.eval()  # no dropout while sampling, even if a trainer left it in train mode
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), _one_row_matvec(model, self.one_row_matvec):
                 for start in range(0, len(order), self.max_batch):
                     chunk = order[start : start + self.max_batch]
                     start_from = [reuse[i] for i in chunk] if reuse else None
-                    outs = self._generate_batch(model, [prompts[i] for i in chunk], chunk, params, start_from)
+                    outs = self._generate_batch(model, [prompts[i] for i in chunk], chunk, params, start_from,
+                                                on_tokens)
                     for i, out in zip(chunk, outs):
                         results[i] = out
         finally:
@@ -172,6 +191,7 @@ class TransformersBackend:
         indices: Sequence[int],
         params: SamplingParams,
         start_from: Sequence[list[tuple[torch.Tensor, torch.Tensor]]] | None = None,
+        on_tokens: TokenCallback | None = None,
     ) -> list[Generation]:
         n = len(prompts)
         generators = None
@@ -204,6 +224,8 @@ class TransformersBackend:
             for j, (row, token, logprob) in enumerate(zip(running, chosen.tolist(), chosen_logprobs.tolist())):
                 tokens[row].append(token)
                 logprobs[row].append(logprob)
+                if on_tokens is not None:
+                    on_tokens(indices[row], [token], [logprob])
                 done[row] = self._finished(tokens[row], logprobs[row], params)
                 if done[row] is None:
                     keep.append(j)
@@ -315,6 +337,55 @@ class TransformersBackend:
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+@contextlib.contextmanager
+def _one_row_matvec(model: PreTrainedModel, enabled: bool) -> Iterator[None]:
+    """While generating, bfloat16 linear layers given one row (a batch-1 decode step, or the last
+    row left running) compute ``W @ x`` as a matrix-vector product instead of ``x @ W.T``.
+
+    On CPUs with AMX, oneDNN runs a one-row bf16 ``F.linear`` as an AMX matmul whose right-hand
+    operand is the weight, re-laid out for the tiles on every call: the whole model's weights are
+    re-packed for every generated token, which made batch-1 bf16 decoding slower than fp32 (and
+    HF ``generate`` pays it too). As a matrix-vector product the weight is the left operand, read
+    as it lies, and only the one row is re-packed; both accumulate in fp32 to the same bf16 values
+    (the tiny-model reference tokens are unchanged). Other row counts and dtypes run ``F.linear``
+    as before; layers with their own ``forward`` attribute (hooks, offloading) are left alone.
+    The swap is undone when generation ends. Only on CPUs with AMX, where it was measured.
+    """
+    if not enabled:
+        yield
+        return
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16
+              and "forward" not in m.__dict__]
+    for layer in layers:
+        layer.forward = _matvec_forward(layer)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+
+
+def _matvec_forward(layer: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        weight, bias = layer.weight, layer.bias  # read per call: a trainer may replace the tensors
+        if x.numel() != x.shape[-1] or x.dtype != weight.dtype:
+            return F.linear(x, weight, bias)
+        y = torch.mv(weight, x.reshape(-1))
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    return forward
+
+
+def _has_amx() -> bool:
+    check = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private in torch 2.x: absent means no
+    try:
+        return bool(check()) if check is not None else False
+    except Exception:  # noqa: BLE001 - a CPU probe that fails means the plain path
+        return False
 
 
 def sample_next(
