@@ -14,11 +14,14 @@ from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 
 sys.path.insert(0, str(Path(__file__).parent))
 from notes import Notes  # noqa: E402
 
 server = MCPServer("notes", log_level="WARNING")
+# Tools that only read say so; envace counts any other tool as one that writes.
+READ_ONLY = ToolAnnotations(readOnlyHint=True)
 
 
 def _do(fn, *args):
@@ -52,19 +55,19 @@ def reset(ctx: Context, seed: int = 0) -> dict:
     return {"ok": True}
 
 
-@server.tool()
+@server.tool(annotations=READ_ONLY)
 def list_notes(ctx: Context, tag: str | None = None) -> list[dict]:
     """List notes (id, title, tag), optionally only those with one tag."""
     return notes(ctx).list_notes(tag)
 
 
-@server.tool()
+@server.tool(annotations=READ_ONLY)
 def get_note(ctx: Context, note_id: str) -> dict:
     """Read one note: its title, body and tag."""
     return _do(notes(ctx).get_note, note_id)
 
 
-@server.tool()
+@server.tool(annotations=READ_ONLY)
 def search_notes(ctx: Context, text: str) -> list[dict]:
     """Find notes whose title or body contains the text (case-insensitive)."""
     return notes(ctx).search_notes(text)

@@ -3,11 +3,15 @@
 envace derives each tool's JSON schema from the type hints and the docstring (``Args:``), makes
 one ``Library`` per episode and calls ``reset(**env.args)`` on it, so episodes never share state.
 A method that raises becomes a structured tool error the agent can read and recover from.
+``@envace.readonly`` marks the tools that only read; any other tool counts as one that writes, and
+the reward compares every write an episode makes with the reference solution's.
 """
 
 from __future__ import annotations
 
 import random
+
+import envace
 
 TITLES = [("Dune", "Frank Herbert"), ("Emma", "Jane Austen"), ("Beloved", "Toni Morrison"),
           ("Ulysses", "James Joyce"), ("Middlemarch", "George Eliot"), ("Solaris", "Stanislaw Lem"),
@@ -25,6 +29,7 @@ class Library:
         self.members = {f"m{i + 1}": name for i, name in enumerate(rng.sample(MEMBERS, 4))}
         self.loans: list[dict] = []
 
+    @envace.readonly
     def search_books(self, query: str) -> list[dict]:
         """Find books whose title or author contains the query (case-insensitive).
 
@@ -35,6 +40,7 @@ class Library:
         return [{"id": b["id"], "title": b["title"], "author": b["author"]}
                 for b in self.books.values() if q in b["title"].lower() or q in b["author"].lower()]
 
+    @envace.readonly
     def book_status(self, book_id: str) -> dict:
         """How many copies of a book are on the shelf.
 
@@ -44,6 +50,7 @@ class Library:
         book = self._book(book_id)
         return {"id": book_id, "title": book["title"], "available": book["copies"]}
 
+    @envace.readonly
     def find_member(self, name: str) -> dict:
         """Look up a library member by first name.
 
@@ -72,6 +79,7 @@ class Library:
         self.loans.append(loan)
         return loan
 
+    @envace.readonly
     def list_loans(self, member_id: str) -> list[dict]:
         """The books a member has borrowed and not returned.
 

@@ -1,12 +1,18 @@
 """Writes tasks.jsonl for the library example: 36 tasks from four templates, each with a reference
-solution, a checklist, the tool schemas envace derives from library.py, and real call/result
-examples from the same library state (the rehearsal's grounding). Rerun after editing the tools:
+solution, a checklist, the tool schemas envace derives from library.py (the read-only tools carry
+``annotations.readOnlyHint``, from ``@envace.readonly``), and real call/result examples from the
+same library state (the rehearsal's grounding).
+
+Every reference is replayed in the real class through envace before the file is written, and must
+meet its own checklist and the implicit guards (reward 1.0) with no tool error on the way. Rerun
+after editing the tools:
     python examples/python_library/make_tasks.py
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -15,8 +21,14 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from library import Library  # noqa: E402
 
-from envace.core.types import EnvRef  # noqa: E402
+from envace.core.errors import error_code  # noqa: E402
+from envace.core.types import Task  # noqa: E402
 from envace.envs.registry import resolve_world  # noqa: E402
+from envace.rollout.actors import OracleActor  # noqa: E402
+from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402
+from envace.rollout.sources import RealSource  # noqa: E402
+
+SPEC = str(HERE / "library.py") + ":Library"
 
 N = 36
 
@@ -70,17 +82,35 @@ def task(i: int, tools: list[dict]) -> dict:
             "reference": {"calls": [{"name": t, "arguments": a} for t, a in calls], "answer": answer}}
 
 
+def replay(rows: list[dict]) -> None:
+    """Each reference, run by envace in the real library, meets its checklist (and the writes
+    guard every task with a reference gets) with no tool error."""
+    tasks = [Task.model_validate(r) for r in rows]
+    source = RealSource(SPEC)
+    try:
+        trajs, _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=5))
+    finally:
+        source.close()
+    for task_, traj in zip(tasks, trajs):
+        errors = [m.content for m in traj.messages if m.role == "tool" and error_code(json.loads(m.content))]
+        assert not errors, f"{task_.id}: the reference's calls failed in the real library: {errors}"
+        unmet = [v for v in traj.verdicts if v.met is not True]
+        assert traj.reward == 1.0 and not unmet, f"{task_.id}: reference reward {traj.reward}: {unmet}"
+
+
 def main() -> None:
-    provider = resolve_world(str(HERE / "library.py") + ":Library")
-    tools = [t.model_dump(mode="json") for t in provider.tools()]
+    provider = resolve_world(SPEC)
+    try:
+        tools = [t.model_dump(mode="json") for t in provider.tools()]
+    finally:
+        provider.shutdown()
     rows = [task(i, tools) for i in range(N)]
-    # Each reference must hold in the real library: replay it before writing.
-    for row in rows:
-        env = provider.open(EnvRef(args=row["env"]["args"]))
-        for c in row["reference"]["calls"]:
-            env.call(c["name"], c["arguments"])
-    (HERE / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"wrote {len(rows)} tasks to {HERE / 'tasks.jsonl'}")
+    replay(rows)
+    path = HERE / "tasks.jsonl"
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)  # a failed run never leaves half a file
+    print(f"wrote {len(rows)} tasks to {path}")
 
 
 if __name__ == "__main__":
