@@ -291,6 +291,13 @@ def print_eval_summary(run: RunDir) -> None:
                       f"{r['delta']:+.3f}" if "delta" in r else "–", f"{r['real_calls_per_task']:.2f}",
                       f"{r['tokens_per_task']:.0f}", f"{r['seconds_per_task']:.1f}")
         console.print(t)
+    gap = [r for r in run.metrics() if r.get("phase") == "gap"]
+    if gap:
+        g = gap[-1]
+        console.print(f"rehearsal gap: real success {_f(g.get('eval/success'))}, rehearsal-judged "
+                      f"{_f(g.get('eval/rehearsal_success'))}; rehearsed = real for {_f(g.get('eval/fidelity_exact'))} of "
+                      f"{_f(g.get('eval/fidelity_n'), 0)} calls, recorded examples reproduced "
+                      f"{_f(g.get('eval/example_exact'))} (summary.md: failure classes)")
     if fidelity:
         t = Table(title="world-model fidelity")
         for col in ("origin", "world", *FID_COLUMNS):
