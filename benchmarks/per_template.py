@@ -8,8 +8,8 @@ generator's template asks for). For each run: success of every template at its f
 eval (``--start``: the first eval comes from that run, as in eval_gain.py), tasks and episodes per
 template, sorted by the gain. ``--failures``: also how the episodes failed, start -> end, as shares
 of the template's episodes: a malformed tool call (one that did not parse), a
-tool-side check unmet (``called``, ``state``, ``end_state``: the wrong call or arguments), or only
-the answer wrong.
+tool-side check unmet (``called``, ``state``, ``end_state``, ``writes``: the wrong call or
+arguments, or a write the reference does not make), or only the answer wrong.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def templates(run: RunDir) -> dict[str, str]:
             for t in tasks}
 
 
-CALL_CHECKS = frozenset({"called", "state", "end_state"})
+# The writes guard (every successful write against the reference's) judges calls, not the answer.
+CALL_CHECKS = frozenset({"called", "state", "end_state", "writes"})
 MODES = ("malformed", "call", "answer")
 
 
@@ -50,7 +51,8 @@ def failure_modes(run: RunDir, step: int, names: dict[str, str]) -> dict[str, di
         c["episodes"] += 1
         c["malformed"] += row.get("parse_failures", 0) > 0
         if not solved(row["reward"]):
-            unmet = {v["item"]["kind"] for v in row.get("verdicts", []) if not v["met"]}
+            # met None is an item that could not be judged (no judge, no reference), not a failure
+            unmet = {v["item"]["kind"] for v in row.get("verdicts", []) if v["met"] is False}
             c["call" if unmet & CALL_CHECKS else "answer"] += 1
     return {name: {m: c[m] / c["episodes"] for m in MODES} for name, c in counts.items()}
 
