@@ -192,3 +192,12 @@ def test_the_rollout_backend_setting_builds_a_synced_llamacpp_engine(tmp_path):
     prompts = _prompts(tok)
     ref = TransformersBackend(model, tok).generate(prompts, GREEDY)
     assert [g.token_ids for g in backends.caller.generate(prompts, GREEDY)] == [g.token_ids for g in ref]
+
+
+def test_a_row_longer_than_the_context_is_refused_by_name():
+    model, tok = load_model("tiny")
+    backend = LlamaCppBackend(tok, model, quant="F32", n_ctx=256, max_batch=2, n_threads=1)
+    with pytest.raises(ValueError, match="llamacpp_ctx"):
+        backend.generate([[5] * 250], GREEDY)
+    with pytest.raises(RuntimeError, match="sync_weights"):
+        LlamaCppBackend(tok, n_threads=1).generate([[5]], GREEDY)

@@ -371,8 +371,9 @@ class LlamaCppBackend:
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty; a prompt needs at least one token")
-            if len(p) + 1 > self.n_ctx:
-                raise ValueError(f"prompt {i} has {len(p)} tokens; the llama.cpp context holds {self.n_ctx}")
+            if len(p) + params.max_new_tokens > self.n_ctx:
+                raise ValueError(f"prompt {i} has {len(p)} tokens + {params.max_new_tokens} new: more than the "
+                                 f"llama.cpp context's {self.n_ctx} cells (rollout.llamacpp_ctx)")
         if self._engine is None:
             raise RuntimeError("LlamaCppBackend has no weights yet: call sync_weights(model) first")
         results: list[Generation | None] = [None] * len(prompts)
