@@ -1,6 +1,7 @@
 """Writes tasks.jsonl for the MCP notes example: 36 tasks from four templates. The tasks list no
-tools: envace takes them from the server's listing, read-only marks (``readOnlyHint``) included. Expected results and the grounding examples
-come from the service's logic (notes.py) at the same seed the episode's reset tool will use.
+tools: envace takes them from the server's listing, read-only marks (``readOnlyHint``) included.
+Expected results and the grounding examples come from the service's logic (notes.py) at the same
+seed the episode's reset tool will use.
     python examples/mcp_notes/make_tasks.py
 """
 
