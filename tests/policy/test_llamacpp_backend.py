@@ -105,7 +105,19 @@ def test_weight_sync_carries_changed_and_lora_weights():
     ref = TransformersBackend(peft_model, tok).generate(prompts, GREEDY)
     assert [g.token_ids for g in lora] == [g.token_ids for g in ref]
     assert [g.token_ids for g in lora] != [g.token_ids for g in after]
-    assert backend.syncs == 3
+    # again: new merged tensors (they may reuse the old ones' memory), and a write through .data
+    # (the autograd version counter does not see it) to a frozen weight, which must not be reused
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(-1.0)
+    peft_model.base_model.model.model.embed_tokens.weight.data.mul_(-1.0)
+    backend.sync_weights(peft_model)
+    again = backend.generate(prompts, GREEDY)
+    ref = TransformersBackend(peft_model, tok).generate(prompts, GREEDY)
+    assert [g.token_ids for g in again] == [g.token_ids for g in ref]
+    assert [g.token_ids for g in again] != [g.token_ids for g in lora]
+    assert backend.syncs == 4
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_1"])

@@ -142,15 +142,17 @@ def quantize_blocks(t: "torch.Tensor", kind: str) -> np.ndarray:
 
 
 def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path: Path, quant: str = "F32",
-               reuse: dict[str, Any] | None = None) -> int:
+               reuse: dict[str, Any] | None = None, owned: set[int] | None = None) -> int:
     """Write a Llama model's (HF-named) ``weights`` as a GGUF file in ``quant``, atomically;
     returns the number of tensors. The file has no vocabulary (``no_vocab``): prompts arrive as
     token ids and the policy's own tokenizer decodes, so any vocabulary works and nothing is
     copied per sync.
-    ``reuse``: a dict kept between calls; a tensor that is still the same storage at the same
-    autograd version as at the last call (a frozen weight next to LoRA: the embedding, the
-    norms) is not encoded again."""
+    ``reuse``: a dict kept between calls; a tensor of the model's own (its storage in ``owned``)
+    that is still the same storage, autograd version and sum as at the last call (a frozen weight
+    next to LoRA: the embedding, the norms) is not encoded again. Temporaries (LoRA-merged
+    weights) are never kept: a later one may be allocated at the same address."""
     import gguf
+    import torch
 
     if quant not in QUANTS:
         raise ValueError(f"llama.cpp quant must be one of {', '.join(QUANTS)}, got {quant!r}")
@@ -178,15 +180,19 @@ def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path:
     for hf_name, tensor in weights:
         name = gguf_name(hf_name)
         kind = _tensor_type(name, quant)
-        ident = (tensor.data_ptr(), tensor._version, tuple(tensor.shape), tensor.dtype, kind)
-        if reuse is not None and name in reuse and reuse[name][0] == ident:
+        keep = reuse is not None and owned is not None and tensor.data_ptr() in owned
+        ident = None
+        if keep:  # the sum guards against writes the version counter misses (``.data`` assignments)
+            ident = (tensor.data_ptr(), tensor._version, tuple(tensor.shape), tensor.dtype, kind,
+                     float(torch.sum(tensor.detach(), dtype=torch.float64)))
+        if keep and name in reuse and reuse[name][0] == ident:
             data, qtype = reuse[name][1]
         else:
             t = tensor.detach().to("cpu")
             if name.endswith("attn_q.weight") or name.endswith("attn_k.weight"):
                 t = permute_rotary(t, n_head if name.endswith("attn_q.weight") else n_kv)
             data, qtype = _encode(t, kind)
-            if reuse is not None:
+            if keep:
                 reuse[name] = (ident, (data, qtype))
         w.add_tensor(name, data, raw_dtype=qtype)
         n += 1
@@ -338,7 +344,8 @@ class LlamaCppBackend:
         eos = getattr(generation, "eos_token_id", None)
         self.eos_ids = self.eos_ids | frozenset([eos] if isinstance(eos, int) else (eos or []))
         path = self.work_dir / f"policy-{self.quant}.gguf"
-        n = write_gguf(vllm_weights(model), config, path, self.quant, self._encoded)
+        owned = {t.data_ptr() for t in model.state_dict().values()}
+        n = write_gguf(vllm_weights(model), config, path, self.quant, self._encoded, owned)
         self.load(path)
         self.syncs += 1
         return n
