@@ -11,8 +11,11 @@ timings must be equal.
     python benchmarks/same_rewards.py --demo --save /tmp/demo_before
     python benchmarks/same_rewards.py --demo --against /tmp/demo_before
 
-Prints the differing values and exits 1 when any differ. Run it with OMP_NUM_THREADS=1 on both
-sides: float sums, and so the sampled episodes, depend on the thread count.
+Prints the differing values and exits 1 when any differ; metrics only the later run logs are
+listed, not compared. Run it with OMP_NUM_THREADS=1 on both sides: float sums, and so the sampled
+episodes, depend on the thread count. A setting that changes what is rehearsed (e.g.
+rollout.examples_as_recorded, on by default) changes the figures by design: to check a refactor
+against a run from before it, `--set` it to the old behaviour.
 """
 
 from __future__ import annotations
