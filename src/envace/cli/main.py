@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         # Bad input: one clear line, no traceback.
         print(f"envace {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"envace {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        hint = f"\n{e}" if str(e) else ""  # e.g. train's run directory and resume command
+        print(f"envace {args.command}: interrupted{hint}", file=sys.stderr, flush=True)
         return 130
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 
 from envace.experiments.config import load_config, parse_config
 from envace.experiments.rundir import RunDir
@@ -75,7 +76,15 @@ def _config(args: argparse.Namespace):
 def _train(args: argparse.Namespace) -> int:
     from envace.experiments.train_job import train
 
-    run = train(_config(args), resume=args.resume)
+    made: list = []
+    try:
+        run = train(_config(args), resume=args.resume, on_run=made.append)
+    except KeyboardInterrupt:
+        where = made[-1] if made else args.resume
+        if where is None:  # interrupted before the run directory existed: nothing to resume
+            raise
+        # Said last, after the progress lines, so it does not scroll away.
+        raise KeyboardInterrupt(f"run directory: {where}\nresume with: envace train --resume {shlex.quote(str(where))}") from None
     if os.environ.get("RANK", "0") == "0":  # under accelerate launch, rank 0 speaks for the run
         print(f"done: {run.path} (summary.md, learning_curve.png, metrics.jsonl, checkpoints/)\n"
               f"look at the results: cat {run.path / 'summary.md'}")

@@ -345,7 +345,8 @@ def _updater_config(cfg: TrainConfig, tokenizer: Any) -> UpdaterConfig:
 
 
 def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any | None = None,
-            clock: JobClock | None = None, threads: AdaptiveThreads | None = None) -> TrainState:
+            clock: JobClock | None = None, threads: AdaptiveThreads | None = None,
+            on_run: Any = None) -> TrainState:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     main = dist.is_main_process(accelerator)
@@ -356,6 +357,8 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
         if main:
             created = RunDir.create(cfg.out, "train", cfg.model_dump(mode="json"), seed=cfg.seed)
             log(f"run directory: {created.path}")
+            if on_run is not None:
+                on_run(created.path)
             init = Path(cfg.sft.init_from) if cfg.sft.enabled and cfg.sft.init_from else None
             policy, tok = run_policy(cfg, init)
             policy.to(dist.device(accelerator, cfg.device))
@@ -508,7 +511,9 @@ def job_clock(cfg: TrainConfig, resume: bool = False) -> JobClock:
     return JobClock([name for name, _ in job_plan(cfg, resume)])
 
 
-def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunDir:
+def train(cfg: TrainConfig, resume: str | Path | None = None, log=print,
+          on_run: Any = None) -> RunDir:
+    """``on_run``: called with the run directory as soon as it exists (so an interrupt can name it)."""
     threads = AdaptiveThreads(cfg.threads, log)  # re-checked between steps: other jobs come and go
     acc = dist.make_accelerator(timeout_s=DIST_TIMEOUT_S)  # None unless launched with several processes
     dist.require_replicated(acc)
@@ -521,7 +526,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> RunD
     clock = job_clock(cfg, resume is not None)
     log("plan: " + " -> ".join(f"{i}/{len(plan)} {name} ({what})" for i, (name, what) in enumerate(plan, 1)))
     tasks = task_set(cfg, rl_tasks)
-    st = prepare(cfg, resume, log, acc, clock, threads)
+    st = prepare(cfg, resume, log, acc, clock, threads, on_run=on_run)
     run, models = st.run, st.models
     metrics_log = None
     if main:
