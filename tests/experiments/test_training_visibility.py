@@ -46,3 +46,35 @@ def test_ctrl_c_during_training_names_the_run_and_the_resume_command(tmp_path):
     tail = err.strip().splitlines()[-3:]
     assert tail == ["envace train: interrupted", f"run directory: {run}",
                     f"resume with: envace train --resume {run}"], err
+
+
+def _rendered(width: int, phase: str = "copy warm-up") -> str:
+    import io
+
+    from rich.console import Console
+
+    from envace.experiments.progress import JobClock, StepProgress
+
+    clock = JobClock(["copy warm-up", "sft", "train", "final eval"])
+    console = Console(file=io.StringIO(), width=width, force_terminal=True)
+    bar = StepProgress(phase, total=20_000, clock=clock, console=console)
+    bar._t0 -= 40.0  # 40 s into the phase: an ETA exists
+    bar.update(1_234, 20_000, {"loss": 1.2731, "lr": 1e-3, "tokens/s": 5123.4})
+    shown = Console(file=io.StringIO(), width=width, record=True, force_terminal=False)
+    shown.print(bar._progress.get_renderable())
+    bar.close()
+    return shown.export_text()
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_progress_line_fits_the_terminal_with_whole_figures(width, monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(width))
+    text = _rendered(width)
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    assert len(lines) == 1 and len(lines[0]) <= width, text
+    line = lines[0]
+    assert "…" not in line, line
+    assert line.startswith("copy warm-up [1/4] ") and " 1234/20000 eta 10:" in line, line
+    assert "loss=1.27" in line and "| job" in line, line
+    if width == 200:  # room for everything: the bar, every figure, the untimed phases named
+        assert "━" in line and "tokens/s=5.12e+03" in line and "not yet timed" in line, line

@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 
 def _fmt(values: dict[str, Any]) -> str:
@@ -53,23 +54,50 @@ class JobClock:
         return f"job eta {_secs(total)}"
 
 
+# Below this width the bar and elapsed time go, so the figures that matter keep their room.
+WIDE = 120
+
+
+def _clock(s: float | None) -> str:
+    if s is None:
+        return "-:--"
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def fit_line(head: str, values: dict[str, Any], job: str, width: int) -> str:
+    """``head`` (phase and step), then as many of ``values`` (most important first) and the job
+    ETA as fit in ``width`` columns: the job ETA's detail goes first, then the later values, so a
+    narrow terminal shows whole figures instead of every one cut short."""
+    items = [p for p in (_fmt({k: v}) for k, v in values.items()) if p]
+    short_job = job.split(" (", 1)[0].replace("job eta ", "job ")
+    for n in range(len(items), 0, -1):
+        for j in ((job, short_job) if job else ("",)):
+            line = " ".join([head, *items[:n]]) + (f" | {j}" if j else "")
+            if len(line) <= width:
+                return line
+    line = " ".join([head, *items[:1]])
+    return line if len(line) <= width else line[: max(width - 1, 0)] + "…"
+
+
 class StepProgress:
     def __init__(self, name: str, total: int | None, start: int = 0, log_every_s: float = 30.0,
-                 clock: JobClock | None = None):
+                 clock: JobClock | None = None, console: Console | None = None):
         self.phase, self.clock = name, clock
         if clock is not None:
             name = clock.label(name)
         self.name, self.log_every_s = name, log_every_s
-        self._console = Console()
+        self._console = console or Console()
         self._t0 = self._last = time.perf_counter()
         self._start = start
         self._progress = None
         if self._console.is_terminal:
-            self._progress = Progress(TextColumn(f"[bold]{name}"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                                      TextColumn("{task.fields[info]}"), console=self._console)
+            self._wide = self._console.width >= WIDE
+            middle = [BarColumn(), TimeElapsedColumn()] if self._wide else []
+            self._progress = Progress(TextColumn(f"[bold]{escape(name)}"), *middle, TextColumn("{task.fields[line]}"),
+                                      console=self._console)
             self._progress.start()
-            self._task = self._progress.add_task(name, total=total, completed=start, info="")
+            self._task = self._progress.add_task(name, total=total, completed=start, line="")
 
     def left(self, step: int, total: int | None) -> float | None:
         """Seconds left in this phase at the mean rate so far (None before the first step)."""
@@ -78,13 +106,24 @@ class StepProgress:
             return None
         return (time.perf_counter() - self._t0) / done * (total - step)
 
-    def update(self, step: int, total: int | None, values: dict[str, Any]) -> None:
+    def line(self, step: int, total: int | None, values: dict[str, Any], width: int) -> str:
+        """The terminal line: phase, step/total, ETA, then what fits of ``values`` and the job ETA."""
         left = self.left(step, total)
         job = self.clock.job_eta(self.phase, left) if self.clock is not None and left is not None else ""
+        head = f"{self.name} {step}/{total or '?'}" + (f" eta {_clock(left)}" if total else "")
+        return fit_line(head, values, job, width)
+
+    def update(self, step: int, total: int | None, values: dict[str, Any]) -> None:
         if self._progress is not None:
-            info = _fmt(values) + (f" | {job}" if job else "")
-            self._progress.update(self._task, completed=step, total=total, info=info)
+            # the bar and elapsed time take about 50 columns of a wide line; the name's column is
+            # part of the line's own width
+            room = self._console.width - (52 if self._wide else 1)
+            text = self.line(step, total, values, room)[len(self.name) + 1:]
+            # rich markup in a key or value (a tool name with brackets) must print as it is
+            self._progress.update(self._task, completed=step, total=total, line=escape(text))
             return
+        left = self.left(step, total)
+        job = self.clock.job_eta(self.phase, left) if self.clock is not None and left is not None else ""
         now = time.perf_counter()
         if now - self._last < self.log_every_s and step != total:
             return
