@@ -257,3 +257,23 @@ def test_task_shaped_json_gives_problems_never_a_traceback(tmp_path, params, che
     assert read.count == 2
     if read.records:  # the second copy is always caught as a duplicate
         assert any(p.line == 2 and p.field == "id" and "duplicate" in p.message for p in problems)
+
+
+def test_eval_and_rollout_refuse_the_same_and_run_a_trusted_file(hostile, tmp_path, capsys):
+    paths, marker, listener = hostile
+    path, field = paths["mcp_command"]
+    for argv in (["rollout", "--task-file", str(path), "--model", "tiny", "--out", str(tmp_path / "ro")],
+                 ["eval", "--task-file", str(path), "--model", "tiny", "--out", str(tmp_path / "ev")]):
+        assert main(argv) == 2
+        assert f"{path}:1: field '{field}'" in capsys.readouterr().err
+    assert not marker.exists() and not (tmp_path / "ro").exists() and not (tmp_path / "ev").exists()
+    tools_py = tmp_path / "echo_tools.py"
+    tools_py.write_text('def echo(text: str) -> str:\n    """Echo.\n\n    Args:\n        text: what\n    """\n'
+                        '    return text\n')
+    trusted = tmp_path / "trusted.jsonl"
+    trusted.write_text(json.dumps({"id": "a", "instruction": "Echo hi.", "env": {"world": str(tools_py)},
+                                   "checklist": [{"kind": "called", "tool": "echo"}]}) + "\n")
+    argv = ["rollout", "--task-file", str(trusted), "--model", "tiny", "--out", str(tmp_path / "ro"), "--source",
+            "real", "--max-turns", "1", "--max-new-tokens", "4", "--threads", "1"]
+    assert main(argv) == 2
+    assert main([*argv, "--trust-task-worlds"]) == 0

@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the real environment of tasks that name none (package.module:Name, path/to/tools.py:Class, "
                         "mcp:COMMAND, http(s)://.../mcp, a registered name)")
     p.add_argument("--task-file", default=None, help="a JSONL task file instead of an embedded world")
+    p.add_argument("--trust-task-worlds", action="store_true",
+                   help="let the task file's own env.world entries run code (mcp: commands, .py files, import "
+                        "paths); refused by default (docs/tasks.md)")
     p.add_argument("--split", default="test", help="train | test")
     p.add_argument("--tasks", type=int, default=10, help="tasks per world (default 10)")
     p.add_argument("--rehearse", default="none", help="none | parallel | sequential (default none)")
@@ -109,6 +112,7 @@ def _run(args: argparse.Namespace) -> int:
     job = EvalJob(
         model=args.model, world=args.world if not args.task_file else None,
         real_world=args.world if args.task_file else None, task_file=args.task_file,
+        trust_task_worlds=args.trust_task_worlds,
         judge_model=args.judge_model, sim_model=args.sim_model, split=args.split, tasks=args.tasks,
         rehearse=args.rehearse, budget=args.budget, sweep=args.sweep,
         budgets=parse_int_list(args.budgets, "--budgets") if args.budgets else list(DEFAULT_BUDGETS),

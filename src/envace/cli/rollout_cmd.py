@@ -13,6 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "'all'; with --task-file: the real environment of tasks that name none (a registered "
                         "name, package.module:Name, path/to/tools.py:Class, mcp:COMMAND, http(s)://.../mcp)")
     p.add_argument("--task-file", default=None, help="a JSONL task file instead of an embedded world")
+    p.add_argument("--trust-task-worlds", action="store_true",
+                   help="let the task file's own env.world entries run code (mcp: commands, .py files, import "
+                        "paths); refused by default (docs/tasks.md)")
     p.add_argument("--split", default=None, choices=["train", "test", "all"],
                    help="default: test for embedded worlds, all for a task file")
     p.add_argument("--tasks", type=int, default=4, help="number of tasks")
@@ -36,6 +39,7 @@ def _run(args: argparse.Namespace) -> int:
     job = RolloutJob(world=args.world, task_file=args.task_file, split=args.split, tasks=args.tasks,
                      source=args.source, model=args.model, sim_model=args.sim_model, group_size=args.group_size,
                      max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                     max_batch=args.max_batch, seed=args.seed, out=args.out, threads=args.threads)
+                     max_batch=args.max_batch, seed=args.seed, out=args.out, threads=args.threads,
+                     trust_task_worlds=args.trust_task_worlds)
     run_rollout_job(job)
     return 0

@@ -218,7 +218,8 @@ def run_tasks(run: Path) -> dict[str, Task]:
             real_world = cfg.get("real_world") or (cfg.get("world") if task_file else None)
             gen = {k: cfg[k] for k in ("difficulties", "tool_distractors", "n_examples", "grounding",
                                        "tasks_per_world") if cfg.get(k) is not None}
-        tasks = select_tasks(world, "all", None, task_file, real_world=real_world, **gen)
+        tasks = select_tasks(world, "all", None, task_file, real_world=real_world,
+                             trust_task_worlds=bool(cfg.get("trust_task_worlds")), **gen)
     except Exception:  # noqa: BLE001 - a moved task file, an MCP server that is gone: export without tools
         return {}
     return {t.id: t for t in tasks}

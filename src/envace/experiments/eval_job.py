@@ -68,6 +68,7 @@ class EvalJob:
     judge_model: str | None = None  # judge of `judge` checklist items (None: they are not judged)
     sim_model: str | None = None  # the model that rehearses (test-time rehearsal, fidelity); None: model's
     task_file: str | None = None
+    trust_task_worlds: bool = False  # the task file's own env.world entries may run code (docs/tasks.md)
     split: str = "test"
     tasks: int = 10  # per world (or in all, for a task file)
     rehearse: str = "none"  # none | parallel | sequential
@@ -228,7 +229,7 @@ def eval_tasks(job: EvalJob, per_world: int) -> list[Task]:
     """``per_world`` tasks of each world's split (or of the task file), all with a real world."""
     if job.task_file:
         tasks = select_tasks(None, job.split, per_world, job.task_file, difficulties=job.difficulties,
-                             real_world=job.real_world)
+                             real_world=job.real_world, trust_task_worlds=job.trust_task_worlds)
     else:
         tasks = []
         for w in world_list(job):

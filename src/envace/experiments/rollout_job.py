@@ -17,6 +17,7 @@ from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
 class RolloutJob:
     world: str | None = None  # embedded world(s); with task_file: the real environment spec
     task_file: str | None = None
+    trust_task_worlds: bool = False  # the task file's own env.world entries may run code (docs/tasks.md)
     split: str | None = None
     tasks: int = 4
     source: str = "real"
@@ -38,7 +39,7 @@ def run_rollout_job(job: RolloutJob) -> RunDir:
     split = job.split or ("all" if job.task_file else "test")
     real_world = job.world if job.task_file else None
     tasks = select_tasks(None if job.task_file else (job.world or "shop"), split, job.tasks, job.task_file,
-                         real_world=real_world)
+                         real_world=real_world, trust_task_worlds=job.trust_task_worlds)
     say = partial(print, flush=True)
     apply_threads(job.threads, say)
     run = RunDir.create(job.out, "rollout", asdict(job), seed=job.seed)
