@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from envace.core.sampling import Generation, SamplingParams
 from envace.policy.http_server import OpenAIServer, RequestError
+from envace.policy.transformers_backend import TransformersBackend
 
 openai = pytest.importorskip("openai")
 
@@ -54,6 +55,38 @@ class _Writes:
                 for _ in prompts]
 
 
+class _Streams(_Writes):
+    """``_Writes`` with the per-token hook: each row's tokens go to ``on_tokens`` one at a time,
+    rows interleaved, as a decode loop hands them out."""
+
+    def generate(self, prompts, params, on_tokens=None):
+        gens = super().generate(prompts, params)
+        for k in range(max(len(g.token_ids) for g in gens)):
+            for row, gen in enumerate(gens):
+                if on_tokens is not None and k < len(gen.token_ids):
+                    on_tokens(row, gen.token_ids[k:k + 1], gen.logprobs[k:k + 1])
+        return gens
+
+
+class _Gated:
+    """The tiny model, pausing its generation after ``after`` tokens until ``read`` is set (by a
+    client that has read a chunk): a stream sent only once generation ends would never set it."""
+
+    def __init__(self, backend, after: int = 6) -> None:
+        self.backend, self.tokenizer, self.eos_ids, self.after = backend, backend.tokenizer, backend.eos_ids, after
+        self.read, self.waited, self.tokens = threading.Event(), None, 0
+
+    def generate(self, prompts, params, on_tokens=None):
+        def hook(row, token_ids, logprobs):
+            if on_tokens is not None:
+                on_tokens(row, token_ids, logprobs)
+            self.tokens += len(token_ids)
+            if self.tokens == self.after:
+                self.waited = self.read.wait(timeout=60)
+
+        return self.backend.generate(prompts, params, on_tokens=hook)
+
+
 # ---------------------------------------------------------------------------- streaming
 
 
@@ -83,19 +116,131 @@ def test_streamed_chat_and_completions_equal_the_whole_answers(tiny_server):
         assert mine[-1].finish_reason == whole.choices[i].finish_reason
 
 
-def test_streamed_tool_calls_with_n(tiny_backend):
-    writes = _Writes(tiny_backend.tokenizer, 'Looking.<tool_call>\n{"name": "get_order", "arguments": '
-                                             '{"order_id": "o-7"}}\n</tool_call>')
+@pytest.mark.parametrize("kind", [_Writes, _Streams])
+def test_streamed_tool_calls_with_n(tiny_backend, kind):
+    writes = kind(tiny_backend.tokenizer, 'Looking. <tool_call>\n{"name": "get_order", "arguments": '
+                                          '{"order_id": "o-7"}}\n</tool_call>')
     with OpenAIServer(writes, model_name="tiny") as server:
         chunks = list(_client(server).chat.completions.create(model="tiny", messages=HI, tools=TOOLS, n=2,
                                                               stream=True))
     for i in range(2):
         mine = [c.choices[0] for c in chunks if c.choices[0].index == i]
+        assert all("<" not in (c.delta.content or "") for c in mine)  # no part of the call as content
         assert "".join(c.delta.content or "" for c in mine) == "Looking."
         calls = [tc for c in mine for tc in (c.delta.tool_calls or [])]
         assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [
             ("get_order", {"order_id": "o-7"})]
         assert calls[0].id.startswith("call_") and mine[-1].finish_reason == "tool_calls"
+
+
+_PARTS = ["Sure", " ", "\n", "<tool_call>", "</tool_call>", "<tool", "STOP", "ST", "é", "🙂", '{"name": "get_order"}',
+          "<", "call", "x"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(st.sampled_from(_PARTS), max_size=14), tools=st.booleans())
+def test_what_a_stream_sends_is_always_a_prefix_of_the_answer(tiny_backend, parts, tools):
+    from envace.core.toolcall import CALL_CLOSE, parse_tool_calls
+    from envace.policy.http_server import _RowStream
+
+    tok = tiny_backend.tokenizer
+    text = "".join(parts)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    decode = lambda t: tok.decode(t, skip_special_tokens=False, clean_up_tokenization_spaces=False)  # noqa: E731
+    full = decode(ids)
+    final = full[: full.find("STOP")] if "STOP" in full else full  # the answer: the stop string cut off
+    if tools:
+        parsed = parse_tool_calls(final)
+        final = parsed.content if parsed.calls else final
+    row = _RowStream("", ["STOP"] + (["<tool_call", CALL_CLOSE] if tools else []), frozenset(), strip=tools)
+    sent = ""
+    for t in ids:
+        sent += row.add([t], [0.0], decode)
+        assert final.startswith(sent) or final.startswith(sent.lstrip())
+        if tools:
+            assert "<tool_call" not in sent and sent == sent.rstrip()
+    assert sent + row.rest_of(final) in (final, sent[: len(sent) - len(sent.lstrip())] + final)
+
+
+def test_a_stream_sends_tokens_while_the_model_still_generates(tiny_backend):
+    gated = _Gated(tiny_backend)
+    with OpenAIServer(gated, model_name="tiny") as server:
+        client = _client(server)
+        content = []
+        for chunk in client.chat.completions.create(model="tiny", messages=HI, temperature=0, max_tokens=24,
+                                                    stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                content.append(chunk.choices[0].delta.content)
+                gated.read.set()  # the generation, paused after a few tokens, goes on only now
+        assert gated.waited is True  # a chunk reached the client before the generation ended
+        assert len(content) > 1
+        gated.after = 0
+        whole = client.chat.completions.create(model="tiny", messages=HI, temperature=0, max_tokens=24)
+    assert "".join(content) == whole.choices[0].message.content
+
+
+def test_the_first_chunk_comes_long_before_the_last(tiny_server):
+    started = time.monotonic()
+    arrived = []
+    for chunk in _client(tiny_server).completions.create(model="tiny", prompt="Once upon a time", max_tokens=160,
+                                                         temperature=0, stream=True):
+        if chunk.choices and chunk.choices[0].text:
+            arrived.append(time.monotonic() - started)
+    assert len(arrived) > 20
+    assert arrived[0] < 0.5 * arrived[-1], (arrived[0], arrived[-1])
+    assert arrived == sorted(arrived)
+
+
+def test_a_stream_never_shows_a_stop_string_and_ends_as_the_whole_answer(tiny_backend, tiny_server):
+    client = _client(tiny_server)
+    free = client.completions.create(model="tiny", prompt="Hello", max_tokens=16, temperature=0)
+    ids = tiny_backend.tokenizer(free.choices[0].text, add_special_tokens=False)["input_ids"]
+    stop = tiny_backend.tokenizer.decode(ids[4:7])  # over three tokens: its start arrives two tokens early
+    for include in (False, True):
+        kwargs = {"model": "tiny", "prompt": "Hello", "max_tokens": 16, "temperature": 0, "stop": [stop],
+                  "extra_body": {"include_stop_str_in_output": include}}
+        whole = client.completions.create(**kwargs).choices[0]
+        pieces = [c.choices[0].text for c in client.completions.create(stream=True, **kwargs)]
+        assert whole.finish_reason == "stop" and "".join(pieces) == whole.text
+        cut = whole.text[: len(whole.text) - len(stop)] if include else whole.text  # the text before the stop
+        sent = ""
+        for piece in pieces:
+            sent += piece
+            assert cut.startswith(sent) or sent == whole.text  # no part of the stop before the end
+        assert len([p for p in pieces if p]) > 1
+
+
+def test_a_failure_mid_stream_ends_it_with_an_error(tiny_backend):
+    class Fails(_Streams):
+        def generate(self, prompts, params, on_tokens=None):
+            if on_tokens is None:  # not streamed: fine
+                return super().generate(prompts, params)
+            on_tokens(0, [42], [-1.0])
+            raise RuntimeError("the model fell over")
+
+    with OpenAIServer(Fails(tiny_backend.tokenizer, "x"), model_name="tiny") as server:
+        got = []
+        with pytest.raises(openai.APIError, match="fell over"):
+            for chunk in _client(server).completions.create(model="tiny", prompt="Hi", stream=True):
+                got.append(chunk.choices[0].text)
+        assert got  # what was sampled before the failure went out
+        assert _client(server).completions.create(model="tiny", prompt="Hi").choices[0].text == "x"
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_generation(tiny_backend):
+    endless = TransformersBackend(tiny_backend.model, tiny_backend.tokenizer)
+    endless.eos_ids = frozenset()  # only max_tokens would end it
+    gated = _Gated(endless, after=0)
+    with OpenAIServer(gated, model_name="tiny") as server:
+        body = {"model": "tiny", "prompt": "Once", "max_tokens": 3000, "temperature": 0, "stream": True}
+        with httpx2.stream("POST", server.url + "/completions", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    break  # the first chunk: leave
+        started = time.monotonic()
+        short = _client(server).completions.create(model="tiny", prompt="Hi", max_tokens=2)  # waits for the worker
+        assert short.choices[0].finish_reason == "length" and time.monotonic() - started < 60
+    assert gated.tokens < 3000
 
 
 # ---------------------------------------------------------------------------- refused, honoured

@@ -12,9 +12,12 @@ shape, never silently ignored; an unknown ``model`` is a 404. Generation is seri
 thread runs every backend call (and every weight load), so the weights never see two generations
 at once; requests wait in its queue, and past ``max_queue`` waiting requests the answer is 503 with
 ``Retry-After``; a request whose client left while it waited is dropped unserved. A stream is
-sent once its generation is done (the backend generates whole batches): the protocol is
-OpenAI's, the first token just comes with the last. Every request is logged on one line
-(``envace.serve``: method, path, status, milliseconds).
+sent as the tokens are sampled when the backend's ``generate`` takes an ``on_tokens`` hook (the
+transformers backend does), else once the generation is done. A stream holds back text that could
+be the start of a stop string or of a ``<tool_call>``, so streamed content is always a prefix of
+the whole answer and never shows part of a tool call; tool calls come whole, as one
+``tool_calls`` delta, when the row ends. Every request is logged on one line (``envace.serve``:
+method, path, status, milliseconds).
 
 It exists so that a CPU model can act as a judge, user simulator or external simulator for
 another process, and so that the HTTP backend is tested against a real server. For throughput on
@@ -24,6 +27,7 @@ GPUs, serve the model with vLLM or SGLang instead: same API.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import math
@@ -31,7 +35,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,6 +177,23 @@ class _Result:
                 "total_tokens": self.prompt_tokens + done}
 
 
+@dataclass
+class _Plan:
+    """A request made ready on the worker: what to generate, how a finished row is answered, and
+    what a stream of it must hold back."""
+
+    kind: str  # "chat" or "completion"
+    prompts: list[list[int]]
+    params: SamplingParams
+    answer: Callable[[Generation], _Row]
+    prompt_tokens: int
+    include_usage: bool = False
+    prefix: str = ""  # text every row starts with (a tool_choice prefill), part of the answer
+    tools: bool = False  # rows may hold tool calls
+    logprobs: bool = False  # stream chunks carry logprobs
+    token_ids_as_text: bool = False  # completions' return_tokens_as_token_ids
+
+
 class OpenAIServer:
     """Serve ``backend`` on ``host:port`` (port 0: any free port, bound at once; see :attr:`url`).
 
@@ -193,6 +214,8 @@ class OpenAIServer:
         self.allow_weight_updates = allow_weight_updates
         self.max_queue = max_queue
         self.weight_version = 0
+        # Streams go out token by token where generate() takes the per-token hook.
+        self._hooked = "on_tokens" in _parameters(backend.generate)
         self._generate_lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="envace-generate")
         self._pending = 0  # generation requests admitted and not yet answered (event-loop thread only)
@@ -270,9 +293,18 @@ class OpenAIServer:
 
     # ------------------------------------------------------------------ generation
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 on_tokens: Callable[[int, list[int], list[float]], None] | None = None) -> list[Generation]:
         with self._generate_lock:
-            return self.backend.generate(prompts, params)
+            if on_tokens is None:
+                return self.backend.generate(prompts, params)
+            if self._hooked:
+                return self.backend.generate(prompts, params, on_tokens=on_tokens)
+            gens = self.backend.generate(prompts, params)
+            for row, gen in enumerate(gens):  # no hook: the whole rows, replayed token by token
+                for token, logprob in zip(gen.token_ids, gen.logprobs):
+                    on_tokens(row, [token], [logprob])
+            return gens
 
     @property
     def tokenizer(self) -> Any:
@@ -286,28 +318,34 @@ class OpenAIServer:
 
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
         """A /v1/completions answer for ``body`` (non-streamed), generated on this thread."""
-        return _completion_json(self._complete(parse_request(CompletionRequest, body)), self.model_name)
+        return _completion_json(self._run(self._complete(parse_request(CompletionRequest, body))), self.model_name)
 
     def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
         """A /v1/chat/completions answer for ``body`` (non-streamed), generated on this thread."""
-        return _chat_json(self._chat(parse_request(ChatRequest, body)), self.model_name)
+        return _chat_json(self._run(self._chat(parse_request(ChatRequest, body))), self.model_name)
 
-    def _complete(self, req: CompletionRequest) -> _Result:
+    def _run(self, plan: _Plan) -> _Result:
+        gens = self.generate(plan.prompts, plan.params)
+        return _Result([plan.answer(g) for g in gens], plan.prompt_tokens, plan.include_usage)
+
+    def _complete(self, req: CompletionRequest) -> _Plan:
         prompts = self._prompts(req.prompt)
         params = self._sampling(req, req.max_tokens)
         expanded = [p for p in prompts for _ in range(req.n or 1)]
-        gens = self.generate(expanded, params)
-        rows = []
-        for gen in gens:
+        as_ids = bool(req.return_tokens_as_token_ids)
+
+        def answer(gen: Generation) -> _Row:
             stop_reason = self._stop_reason(gen, params)
             text = gen.text
             if stop_reason is not None and not req.include_stop_str_in_output:
                 text = text[: -len(stop_reason)]
-            logprobs = None if req.logprobs is None else self._logprobs(gen, bool(req.return_tokens_as_token_ids))
-            rows.append(_Row(gen=gen, text=text, finish=gen.finish, stop_reason=stop_reason, logprobs=logprobs))
-        return _Result(rows, sum(len(p) for p in expanded), _include_usage(req))
+            logprobs = None if req.logprobs is None else self._logprobs(gen, as_ids)
+            return _Row(gen=gen, text=text, finish=gen.finish, stop_reason=stop_reason, logprobs=logprobs)
 
-    def _chat(self, req: ChatRequest) -> _Result:
+        return _Plan("completion", expanded, params, answer, sum(len(p) for p in expanded), _include_usage(req),
+                     logprobs=req.logprobs is not None, token_ids_as_text=as_ids)
+
+    def _chat(self, req: ChatRequest) -> _Plan:
         from envace.core.toolcall import CALL_OPEN, parse_tool_calls
 
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
@@ -345,9 +383,8 @@ class OpenAIServer:
         prompt = self.render_chat(req.messages, tools, prefill)
         max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
         params = self._sampling(req, max_tokens)
-        gens = self.generate([prompt] * (req.n or 1), params)  # n rows of one batch, each seeded by its index
-        rows = []
-        for gen in gens:
+
+        def answer(gen: Generation) -> _Row:
             stop_reason = self._stop_reason(gen, params)
             text = prefill + (gen.text[: -len(stop_reason)] if stop_reason else gen.text)
             message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -362,10 +399,13 @@ class OpenAIServer:
                          "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                         for c in calls]
                     finish = "tool_calls"
-            chat_lp = self._chat_logprobs(gen) if req.logprobs else None
-            rows.append(_Row(gen=gen, text=text, finish=finish, stop_reason=stop_reason, message=message,
-                             chat_logprobs=chat_lp))
-        return _Result(rows, len(prompt), _include_usage(req))
+            chat_lp = self._chat_logprobs(gen.token_ids, gen.logprobs) if req.logprobs else None
+            return _Row(gen=gen, text=text, finish=finish, stop_reason=stop_reason, message=message,
+                        chat_logprobs=chat_lp)
+
+        # n rows of one batch, each seeded by its index
+        return _Plan("chat", [prompt] * (req.n or 1), params, answer, len(prompt), _include_usage(req),
+                     prefix=prefill, tools=bool(tools), logprobs=bool(req.logprobs))
 
     def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1/load_weights {"path": FILE}``: load a safetensors file of (some of) the served
@@ -486,36 +526,95 @@ class OpenAIServer:
             return None
         return next((s for s in params.stop if gen.text.endswith(s)), None)
 
-    def _token_texts(self, gen: Generation) -> list[str]:
-        tok = self.tokenizer
-        return [tok.decode([t], skip_special_tokens=False, clean_up_tokenization_spaces=False) for t in gen.token_ids]
+    def _decode(self, token_ids: list[int], skip_special: bool = False) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False)
 
     def _logprobs(self, gen: Generation, as_ids: bool) -> dict[str, Any]:
-        tok = self.tokenizer
-        tokens = [f"token_id:{t}" for t in gen.token_ids] if as_ids else self._token_texts(gen)
-        offsets, pos = [], 0
-        for t in gen.token_ids:
-            offsets.append(pos)
-            pos += len(tok.decode([t], skip_special_tokens=True, clean_up_tokenization_spaces=False))
-        return {"tokens": tokens, "token_logprobs": list(gen.logprobs),
-                "top_logprobs": [{tk: lp} for tk, lp in zip(tokens, gen.logprobs)], "text_offset": offsets}
+        return self._completion_logprobs(gen.token_ids, gen.logprobs, as_ids, 0)[0]
 
-    def _chat_logprobs(self, gen: Generation) -> list[dict[str, Any]]:
+    def _completion_logprobs(self, token_ids: list[int], logprobs: list[float], as_ids: bool,
+                             offset: int) -> tuple[dict[str, Any], int]:
+        """Completions' logprobs object for these tokens, their text offsets counted from ``offset``;
+        and the offset after them."""
+        tokens = [f"token_id:{t}" if as_ids else self._decode([t]) for t in token_ids]
+        offsets = []
+        for t in token_ids:
+            offsets.append(offset)
+            offset += len(self._decode([t], skip_special=True))
+        return {"tokens": tokens, "token_logprobs": list(logprobs),
+                "top_logprobs": [{tk: lp} for tk, lp in zip(tokens, logprobs)], "text_offset": offsets}, offset
+
+    def _chat_logprobs(self, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
+        texts = [self._decode([t]) for t in token_ids]
         return [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-                for t, lp in zip(self._token_texts(gen), gen.logprobs)]
+                for t, lp in zip(texts, logprobs)]
 
-    def _pieces(self, gen: Generation, text: str) -> list[str]:
-        """``text`` cut at token boundaries, one piece per generated token (some empty), for a
-        stream: the pieces join to ``text`` exactly."""
-        tok, pieces, sent = self.tokenizer, [], 0
-        for k in range(1, len(gen.token_ids) + 1):
-            prefix = tok.decode(gen.token_ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            end = len(prefix) if text.startswith(prefix) and len(prefix) > sent else sent
-            pieces.append(text[sent:end])
-            sent = end
-        if pieces:
-            pieces[-1] += text[sent:]
-        return pieces or [text]
+    # ------------------------------------------------------------------ streams (on the worker)
+
+    def _stream(self, plan: _Plan, emit: Callable[[dict[str, Any]], None], gone: threading.Event) -> None:
+        """Generate ``plan``, handing each SSE event to ``emit`` as soon as it is known: per choice the
+        role (chat), then the text as it is sampled, then what was held back, tool calls whole, the
+        finish reason; usage last. Stops generating once ``gone`` is set (the client left)."""
+        chat = plan.kind == "chat"
+        head = _head("chat.completion.chunk" if chat else "text_completion", self.model_name)
+        holds = list(plan.params.stop)
+        if plan.tools:
+            from envace.core.toolcall import CALL_CLOSE
+
+            holds += ["<tool_call", CALL_CLOSE]  # parse_tool_calls reads a turn with either as a call attempt
+        eos = getattr(self.backend, "eos_ids", None)
+        eos = frozenset(eos) if eos is not None else frozenset({self.tokenizer.eos_token_id})
+        rows = [_RowStream(plan.prefix, holds, eos, strip=plan.tools) for _ in plan.prompts]
+        offsets = [0] * len(rows)  # completions' text_offset, per row
+
+        def event(i: int, piece: str | None, lp_from: int, lp_to: int, finish: str | None = None,
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+            r = rows[i]
+            lp = None
+            if plan.logprobs and lp_to > lp_from:
+                if chat:
+                    lp = {"content": self._chat_logprobs(r.token_ids[lp_from:lp_to], r.logprobs[lp_from:lp_to])}
+                else:
+                    lp, offsets[i] = self._completion_logprobs(r.token_ids[lp_from:lp_to], r.logprobs[lp_from:lp_to],
+                                                               plan.token_ids_as_text, offsets[i])
+            if chat:
+                delta = dict(extra or {})
+                if piece is not None:
+                    delta["content"] = piece
+                choice = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": lp}
+            else:
+                choice = {"index": i, "text": piece or "", "logprobs": lp, "finish_reason": finish, **(extra or {})}
+            return {**head, "choices": [choice]}
+
+        if chat:
+            for i in range(len(rows)):
+                emit(event(i, "", 0, 0, extra={"role": "assistant"}))
+
+        def on_tokens(i: int, token_ids: list[int], logprobs: list[float]) -> None:
+            if gone.is_set():
+                raise _ClientGone
+            r = rows[i]
+            piece = r.add(token_ids, logprobs, self._decode)
+            if piece:
+                emit(event(i, piece, r.logprobs_sent, len(r.token_ids)))
+                r.logprobs_sent = len(r.token_ids)
+
+        gens = self.generate(plan.prompts, plan.params, on_tokens=on_tokens)
+        answers = [plan.answer(g) for g in gens]
+        for i, (r, a) in enumerate(zip(rows, answers)):
+            calls = a.message.get("tool_calls") if chat else None
+            final = (a.message.get("content") or "") if chat else a.text
+            rest = r.rest_of(final)
+            left = r.logprobs_sent, len(r.token_ids)
+            if rest or (left[1] > left[0] and not calls):
+                emit(event(i, rest, *left))
+                left = (left[1], left[1])
+            if calls:
+                emit(event(i, None, *left, extra={"tool_calls": [{"index": j, **c} for j, c in enumerate(calls)]}))
+            emit(event(i, None if chat else "", 0, 0, finish=a.finish,
+                       extra=None if chat else {"stop_reason": a.stop_reason}))
+        if plan.include_usage:
+            emit({**head, "choices": [], "usage": _Result(answers, plan.prompt_tokens).usage})
 
     # ------------------------------------------------------------------ HTTP
 
@@ -543,10 +642,9 @@ class OpenAIServer:
 
         routes = [Route("/health", health), Route("/v1/health", health), Route("/v1/models", models),
                   Route("/v1/models/{name:path}", model),
-                  Route("/v1/completions", self._endpoint(CompletionRequest, self._complete, _completion_json,
-                                                          _completion_events), methods=["POST"]),
-                  Route("/v1/chat/completions", self._endpoint(ChatRequest, self._chat, _chat_json, _chat_events),
+                  Route("/v1/completions", self._endpoint(CompletionRequest, self._complete, _completion_json),
                         methods=["POST"]),
+                  Route("/v1/chat/completions", self._endpoint(ChatRequest, self._chat, _chat_json), methods=["POST"]),
                   Route("/v1/load_weights", self._load_weights_route, methods=["POST"])]
         return _RequestLog(Starlette(routes=routes, exception_handlers={HTTPException: not_found}))
 
@@ -578,9 +676,8 @@ class OpenAIServer:
             return _error(400, f"the request body is not valid JSON: {err}")
         return body if isinstance(body, dict) else _error(400, "the request body must be a JSON object")
 
-    def _endpoint(self, kind: type[BaseModel], run: Callable[[Any], _Result],
-                  as_json: Callable[[_Result, str], dict[str, Any]],
-                  as_events: Callable[["OpenAIServer", _Result], list[dict[str, Any]]]) -> Callable[..., Any]:
+    def _endpoint(self, kind: type[BaseModel], plan: Callable[[Any], _Plan],
+                  as_json: Callable[[_Result, str], dict[str, Any]]) -> Callable[..., Any]:
         async def endpoint(request: Request) -> Response:
             body = await self._json_body(request)
             if isinstance(body, Response):
@@ -594,24 +691,59 @@ class OpenAIServer:
                     wait = max(1, math.ceil(self._seconds * self._pending))
                     return _error(503, f"the server is busy ({self._pending} requests queued); retry after "
                                        f"{wait} s", "server_busy", headers={"Retry-After": str(wait)})
-                # The answer is built on the worker too (it decodes tokens: the tokenizer stays on one
-                # thread), and before a stream starts, so that an error is still a JSON answer.
-                answer = await self._on_worker(lambda r: as_events(self, run(r)) if r.stream
-                                               else as_json(run(r), self.model_name), req, request)
-                if not req.stream:
-                    return JSONResponse(answer)
-                events = answer
+                if req.stream:
+                    return await self._stream_response(request, req, plan)
+                # The answer is built on the worker too: it decodes tokens, and the tokenizer stays on one thread.
+                return JSONResponse(await self._on_worker(lambda r: as_json(self._run(plan(r)), self.model_name),
+                                                          req, request))
             except Exception as err:  # noqa: BLE001 - every failure gets an answer
                 return _failure(request, err)
 
-            async def sse() -> AsyncIterator[str]:
-                for event in events:
-                    yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
-                yield "data: [DONE]\n\n"
-
-            return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
         return endpoint
+
+    async def _stream_response(self, request: Request, req: Any, plan_of: Callable[[Any], _Plan]) -> Response:
+        """An SSE response whose events the worker hands over (through a queue) as it makes them.
+        The request is prepared (checked, templated) before the response starts, so that a bad one
+        still gets a JSON error; a failure after that ends the stream with an error event."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        gone = threading.Event()
+
+        def emit(item: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def job(r: Any) -> None:
+            plan = plan_of(r)
+            emit(_STARTED)
+            try:
+                self._stream(plan, emit, gone)
+            except _ClientGone:
+                pass
+            except Exception as err:  # noqa: BLE001 - the stream has started: the error goes into it
+                log.exception("%s failed while streaming", request.url.path, exc_info=err)
+                emit({"error": {"message": f"{type(err).__name__}: {err}", "type": "server_error", "param": None,
+                                "code": None}})
+            finally:
+                emit(_END)
+
+        task = asyncio.ensure_future(self._on_worker(job, req, request, gone))
+        first = asyncio.ensure_future(queue.get())
+        await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done() and task.done() and task.exception() is not None:
+            first.cancel()  # refused before the stream started
+            return _failure(request, task.exception())  # type: ignore[arg-type]
+        await first  # _STARTED
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # errors went into the stream
+
+        async def sse() -> AsyncIterator[str]:
+            try:
+                while (item := await queue.get()) is not _END:
+                    yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                gone.set()  # a client that left mid-stream: its generation stops at the next token
+
+        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def _load_weights_route(self, request: Request) -> Response:
         body = await self._json_body(request)
@@ -622,10 +754,12 @@ class OpenAIServer:
         except Exception as err:  # noqa: BLE001 - every failure gets an answer
             return _failure(request, err)
 
-    async def _on_worker(self, fn: Callable[[Any], Any], arg: Any, request: Request | None = None) -> Any:
+    async def _on_worker(self, fn: Callable[[Any], Any], arg: Any, request: Request | None = None,
+                         gone: threading.Event | None = None) -> Any:
         """Run ``fn(arg)`` on the one generation thread (FIFO). With ``request`` (a generation): it
-        counts in the queue, and is skipped if its client leaves while it waits."""
-        gone = threading.Event()
+        counts in the queue, is skipped if its client leaves while it waits, and ``gone`` (made here
+        unless given) is set when the client leaves."""
+        gone = gone if gone is not None else threading.Event()
 
         def timed(arg: Any) -> Any:
             if gone.is_set():
@@ -652,7 +786,75 @@ class OpenAIServer:
 
 
 class _ClientGone(Exception):
-    """The client left before its generation started."""
+    """The client left before its generation started (or, streaming, before it ended)."""
+
+
+_STARTED, _END = object(), object()  # a stream's first and last queue items
+
+
+class _RowStream:
+    """One streamed row: its tokens so far and how much of its text has been sent.
+
+    What is sent is always a prefix of the row's final answer: text that could still turn into a
+    stop string (cut from the answer) or a tool call (sent whole when the row ends) is held back,
+    and so is an incomplete UTF-8 character (U+FFFD until its last byte arrives). Once a stop
+    string or a tool-call tag appears, the rest of the row waits for the end. ``strip``: trailing
+    whitespace waits too (the content around a tool call is stripped).
+    """
+
+    def __init__(self, prefix: str, holds: Sequence[str], skip: frozenset[int], strip: bool) -> None:
+        self.prefix, self.holds, self.skip, self.strip = prefix, [h for h in holds if h], skip, strip
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.logprobs_sent = 0  # how many tokens' logprobs went out with sent text
+        self.sent = ""
+        self.closed = False
+
+    def add(self, token_ids: list[int], logprobs: list[float], decode: Callable[[list[int]], str]) -> str:
+        """Take the row's new tokens; return the text that may be sent now (maybe empty)."""
+        self.token_ids += token_ids
+        self.logprobs += logprobs
+        if self.closed:
+            return ""
+        text = self.prefix + decode([t for t in self.token_ids if t not in self.skip])
+        end = len(text.rstrip("\ufffd"))
+        found = [i for h in self.holds if (i := text.find(h)) >= 0]
+        if found:
+            self.closed = True
+            end = min(end, *found)
+        safe = text[:end]
+        safe = safe[: len(safe) - _held_back(safe, self.holds)]
+        if self.strip:
+            safe = safe.rstrip()
+        if len(safe) <= len(self.sent) or not safe.startswith(self.sent):
+            return ""
+        piece, self.sent = safe[len(self.sent):], safe
+        return piece
+
+    def rest_of(self, final: str) -> str:
+        """What of the row's final answer was not sent yet."""
+        for sent in (self.sent, self.sent.lstrip()):  # a tool-call turn's content is stripped
+            if final.startswith(sent):
+                return final[len(sent):]
+        return ""
+
+
+def _held_back(text: str, holds: Sequence[str]) -> int:
+    """Length of the longest end of ``text`` that is the start of one of ``holds``."""
+    best = 0
+    for h in holds:
+        for k in range(min(len(h) - 1, len(text)), best, -1):
+            if text.endswith(h[:k]):
+                best = k
+                break
+    return best
+
+
+def _parameters(fn: Callable[..., Any]) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return set()
 
 
 def _failure(request: Request, err: Exception) -> Response:
@@ -683,49 +885,6 @@ def _chat_json(result: _Result, model: str) -> dict[str, Any]:
                 "logprobs": None if r.chat_logprobs is None else {"content": r.chat_logprobs}}
                for i, r in enumerate(result.rows)]
     return {**_head("chat.completion", model), "choices": choices, "usage": result.usage}
-
-
-def _completion_events(server: OpenAIServer, result: _Result) -> list[dict[str, Any]]:
-    """One chunk per generated token (its text piece and logprob), then each choice's finish."""
-    head = _head("text_completion", server.model_name)
-    events = []
-    for i, r in enumerate(result.rows):
-        for k, piece in enumerate(server._pieces(r.gen, r.text)):
-            lp = None if r.logprobs is None else {key: v[k:k + 1] for key, v in r.logprobs.items()}
-            events.append({**head, "choices": [{"index": i, "text": piece, "logprobs": lp, "finish_reason": None}]})
-        events.append({**head, "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": r.finish,
-                                            "stop_reason": r.stop_reason}]})
-    if result.include_usage:
-        events.append({**head, "choices": [], "usage": result.usage})
-    return events
-
-
-def _chat_events(server: OpenAIServer, result: _Result) -> list[dict[str, Any]]:
-    """Per choice: the role, the content one token at a time (or, for a tool call, the content
-    before it and then the calls whole), then the finish reason."""
-    head = _head("chat.completion.chunk", server.model_name)
-
-    def chunk(i: int, delta: dict[str, Any], finish: str | None = None, lp: list | None = None) -> dict[str, Any]:
-        return {**head, "choices": [{"index": i, "delta": delta, "finish_reason": finish,
-                                     "logprobs": None if lp is None else {"content": lp}}]}
-
-    events = []
-    for i, r in enumerate(result.rows):
-        events.append(chunk(i, {"role": "assistant", "content": ""}))
-        calls = r.message.get("tool_calls")
-        if calls:
-            if r.message.get("content"):
-                events.append(chunk(i, {"content": r.message["content"]}))
-            events.append(chunk(i, {"tool_calls": [{"index": j, **c} for j, c in enumerate(calls)]},
-                                lp=r.chat_logprobs))
-        else:
-            for k, piece in enumerate(server._pieces(r.gen, r.text)):
-                events.append(chunk(i, {"content": piece}, lp=None if r.chat_logprobs is None
-                                    else r.chat_logprobs[k:k + 1]))
-        events.append(chunk(i, {}, finish=r.finish))
-    if result.include_usage:
-        events.append({**head, "choices": [], "usage": result.usage})
-    return events
 
 
 def _include_usage(req: _Body) -> bool:
