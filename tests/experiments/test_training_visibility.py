@@ -78,3 +78,51 @@ def test_the_progress_line_fits_the_terminal_with_whole_figures(width, monkeypat
     assert "loss=1.27" in line and "| job" in line, line
     if width == 200:  # room for everything: the bar, every figure, the untimed phases named
         assert "━" in line and "tokens/s=5.12e+03" in line and "not yet timed" in line, line
+
+
+def _declared_in(model, name: str):
+    for cls in model.__mro__:
+        if name in cls.__dict__.get("__annotations__", {}):
+            return cls
+    return model
+
+
+def test_every_field_declared_in_the_config_module_is_described_and_listed(capsys):
+    import typing
+
+    from pydantic import BaseModel
+
+    from envace.cli.config_cmd import config_fields
+    from envace.cli.main import main
+    from envace.experiments import config as config_module
+
+    def owners(model, prefix=""):
+        for name, field in model.model_fields.items():
+            yield prefix + name, _declared_in(model, name)
+            for sub in typing.get_args(field.annotation) or (field.annotation,):
+                if isinstance(sub, type) and issubclass(sub, BaseModel):
+                    yield from owners(sub, prefix + name + ".")
+
+    ours = {path for path, cls in owners(config_module.TrainConfig) if cls.__module__ == config_module.__name__}
+    fields = {f.path: f for f in config_fields()}
+    assert len(ours) > 90 and ours <= set(fields)
+    assert [p for p in sorted(ours) if not fields[p].description.strip()] == []
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    for path in ("grpo.lr", "sft.copy_warmup_steps", "rollout.backend", "eval.every", "checkpoint.keep_last"):
+        assert f"\n{path}: " in out, path
+    assert '\nrollout.backend: "transformers" | "http" | "vllm" | "llamacpp" = "transformers"\n' in out
+    assert "\nsteps: int = 20\n    GRPO steps" in out
+
+
+def test_a_set_typo_is_blamed_on_the_flag_with_the_nearest_field(tmp_path, capsys):
+    from envace.cli.main import main
+
+    good = tmp_path / "c.yaml"
+    good.write_text("steps: 1\n")
+    assert main(["train", "--config", str(good), "--set", "grpo.lrr=1e-5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "envace train: error: --set grpo.lrr=1e-5: unknown field 'grpo.lrr'; did you mean 'grpo.lr'?"
+    assert main(["sft", "--config", str(good), "--set", "sft.epoch=3"]) == 2
+    assert "did you mean 'sft.epochs'?" in capsys.readouterr().err
+    assert not any(tmp_path.glob("runs*"))  # refused before anything runs

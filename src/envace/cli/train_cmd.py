@@ -61,6 +61,9 @@ def _values(args: argparse.Namespace) -> dict:
 
 
 def _config(args: argparse.Namespace):
+    from envace.cli.config_cmd import check_override_keys
+
+    check_override_keys(args.set)  # a typo is the flag's fault, not the YAML's: say so, and the nearest field
     overrides = list(args.set)
     if getattr(args, "source", None):
         overrides.append(f"source={args.source}")

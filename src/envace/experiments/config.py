@@ -25,21 +25,26 @@ class _Section(BaseModel):
 
 
 class RolloutSettings(_Section):
-    max_turns: int = Field(RolloutConfig.max_turns, ge=1)  # the engine's default
-    caller_max_new_tokens: int = Field(64, ge=1)
-    simulator_max_new_tokens: int = Field(64, ge=1)
-    max_prompt_tokens: int = Field(1536, ge=16)
-    temperature: float = Field(1.0, ge=0)
+    """The ``rollout`` section: how training episodes are generated (lengths, sampling, engine)."""
+
+    max_turns: int = Field(RolloutConfig.max_turns, ge=1,  # the engine's default
+                           description="caller turns per episode before it is cut off")
+    caller_max_new_tokens: int = Field(64, ge=1, description="longest caller turn, in new tokens")
+    simulator_max_new_tokens: int = Field(64, ge=1, description="longest rehearsed tool result, in new tokens")
+    max_prompt_tokens: int = Field(1536, ge=16, description="longest prompt; older turns are dropped to fit")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of training rollouts (caller role)")
     # A real API answers the same call the same way; sampling the rehearsed answer at T=1 from a
     # small model mostly adds noise to the world the caller learns in (docs/notes/2026-12-results-history.md).
     simulator_temperature: float | None = Field(None, ge=0, description="sampling temperature of the "
                                                 "simulator role (0 = greedy); None: rollout.temperature")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_batch: int = Field(16, ge=1)
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of rollouts (1: off)")
+    max_batch: int = Field(16, ge=1, description="most prompts generated together in one batch")
     # Who generates training rollouts (policy/weight_sync.py): the trainer's model in process, an
     # OpenAI-compatible server (weights pushed to it after every update), an in-process vLLM engine,
     # or llama.cpp in process (policy/llamacpp_backend.py: the weights written as GGUF every update).
-    backend: Literal["transformers", "http", "vllm", "llamacpp"] = "transformers"
+    backend: Literal["transformers", "http", "vllm", "llamacpp"] = Field(
+        "transformers", description="who generates training rollouts: the trainer's model in process, an "
+        "OpenAI-compatible server (http), in-process vLLM, or llama.cpp")
     llamacpp_quant: Literal["F32", "BF16", "Q8_0", "Q4_1"] = Field("Q8_0", description="backend llamacpp: the "
                                                                   "encoding of the pushed weights (quantised: "
                                                                   "faster, sampled further from the trainer's "
@@ -121,41 +126,49 @@ class GRPOConfig(UpdateSettings):
     warmup_steps: int = Field(0, ge=0, description="GRPO steps whose learning rate ramps linearly up to `lr` "
                               "(step k of n at lr*k/(n+1)): a fresh Adam moves every weight by about lr on its "
                               "first steps whatever the gradient, which can undo a warm start")
-    norm_by_std: bool = False
-    empty_penalty: float = Field(0.1, ge=0)
+    norm_by_std: bool = Field(False, description="divide each group's centred rewards by their std (GRPO's "
+                              "original advantage); false: centred only (Dr. GRPO)")
+    empty_penalty: float = Field(0.1, ge=0, description="reward subtracted for an empty turn (EOS only)")
     anchor_samples: int = Field(16, ge=1, description="anchor samples per step (with anchor_coef > 0)")
     sim_format_reward: float = Field(0.0, ge=0, description="extra simulator reward when its output parses as JSON")
 
 
 class LoraConfig(_Section):
-    enabled: bool = True
-    r: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
+    """The ``lora`` section: low-rank adapters trained instead of the full weights."""
+
+    enabled: bool = Field(True, description="train LoRA adapters instead of every weight")
+    r: int = Field(16, ge=1, description="LoRA rank")
+    alpha: int = Field(32, ge=1, description="LoRA scaling numerator (scale alpha/r)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA path")
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                               "gate_proj", "up_proj", "down_proj"])
+                                                               "gate_proj", "up_proj", "down_proj"],
+                                      description="the linear layers that get adapters")
 
 
 class SFTConfig(_Section):
-    enabled: bool = True
+    """The ``sft`` section: the warm start on the scripted oracle's trajectories (and the copy warm-up)."""
+
+    enabled: bool = Field(True, description="SFT warm start on the scripted oracle's trajectories before GRPO")
     trajectories: int = Field(200, ge=1, description="oracle trajectories from the train split")
     simulator_trajectories: int | None = Field(None, ge=0, description="of those, how many also give "
                                                "simulator samples (default: all)")
-    epochs: int = Field(2, ge=1)
-    lr: float = Field(2e-4, gt=0)
-    micro_batch_tokens: int = Field(4096, ge=64)
+    epochs: int = Field(2, ge=1, description="passes over the warm start's samples")
+    lr: float = Field(2e-4, gt=0, description="the warm start's peak learning rate")
+    micro_batch_tokens: int = Field(4096, ge=64, description="most tokens in one forward pass (gradients "
+                                    "accumulate up to batch_samples)")
     batch_samples: int = Field(16, ge=1, description="samples per optimiser step")
-    schedule: Literal["constant", "cosine"] = "cosine"
+    schedule: Literal["constant", "cosine"] = Field("cosine", description="the warm start's learning-rate schedule")
     copy_warmup_steps: int = Field(0, ge=0, description="steps on repeated random spans before SFT "
                                    "(for models trained from scratch; see train/copy_warmup.py)")
-    copy_warmup_lr: float = Field(1e-3, gt=0)
+    copy_warmup_lr: float = Field(1e-3, gt=0, description="the copy warm-up's learning rate")
     copy_warmup_vocab: int = Field(256, ge=2, description="the most frequent data tokens the spans are drawn from")
-    copy_warmup_span: int = Field(16, ge=2)
+    copy_warmup_span: int = Field(16, ge=2, description="length of the random spans the copy warm-up repeats")
     copy_warmup_data: float = Field(0.0, ge=0, le=1, description="share of copy warm-up steps that copy windows "
                                     "of real tool results (repeated keys, as in every JSON list) instead of "
                                     "random spans")
     copy_warmup_data_span: int = Field(128, ge=2, description="longest real-result window copied")
-    roles: list[Literal["caller", "simulator"]] = Field(default_factory=lambda: ["caller", "simulator"])
+    roles: list[Literal["caller", "simulator"]] = Field(default_factory=lambda: ["caller", "simulator"],
+                                                      description="the roles the warm start trains")
     error_probes: int = Field(0, ge=0, description="per trajectory with simulator samples, up to this many more: "
                               "a call with an id the world does not have, the target its real error (the oracle "
                               "never errs; embedded worlds only)")
@@ -171,15 +184,17 @@ class SFTConfig(_Section):
 
 
 class EvalConfig(_Section):
+    """The ``eval`` section: the real-world (or rehearsal-judged) evaluation during and after training."""
+
     every: int = Field(5, ge=0, description="steps between real-world evaluations (0: only at start and end)")
     at_start: bool = Field(True, description="evaluate the start model (step 0); false when another run from "
                            "the same warm start (sft.init_from) already did, e.g. comparing response sources; "
                            "with steps: 0, no eval at all (an SFT-only run)")
-    tasks: int = Field(24, ge=1)
+    tasks: int = Field(24, ge=1, description="tasks per evaluation")
     split: Literal["train", "test", "pool"] = Field(
         "test", description="test: held-out tasks; pool: the first `tasks` of the tasks GRPO trains on (with "
         "rl_pool: all of them), i.e. whether training with imagined responses carries over to the real worlds")
-    temperature: float = Field(0.0, ge=0)
+    temperature: float = Field(0.0, ge=0, description="sampling temperature of eval episodes (0: greedy)")
     samples: int = Field(1, ge=1, description="episodes per task; with temperature > 0 success is averaged over "
                          "them: an estimate of the sampling policy's success, far less noisy than one greedy "
                          "episode per task (a greedy eval moves in whole tasks)")
@@ -196,20 +211,22 @@ class EvalConfig(_Section):
 
 
 class CheckpointConfig(_Section):
-    every: int = Field(1, ge=1)
-    keep_last: int = Field(2, ge=1)
+    """The ``checkpoint`` section: how often the run saves, and how many saves it keeps."""
+
+    every: int = Field(1, ge=1, description="steps between checkpoints (the last step always saves one)")
+    keep_last: int = Field(2, ge=1, description="checkpoints kept; older ones are deleted")
 
 
 class BenchTrainConfig(_Section):
     """Train on a paper benchmark's entries instead of the embedded worlds (experiments.bench_train)."""
     name: str = Field(description="benchmark, as in `envace bench list`")
-    categories: list[str] = Field(min_length=1)
+    categories: list[str] = Field(min_length=1, description="the benchmark's categories to train on")
     limit: int | None = Field(None, ge=1, description="first N entries of each category (default: all)")
     test_every: int = Field(5, ge=2, description="every N-th entry is held out for the real-environment eval")
-    data_dir: str | None = None
-    data_version: str | None = None
+    data_dir: str | None = Field(None, description="local copy of the benchmark's data (default: its own)")
+    data_version: str | None = Field(None, description="the benchmark data's version (default: the pinned one)")
     max_steps: int | None = Field(None, ge=1, description="caller steps per user turn (default: the benchmark's)")
-    max_user_turns: int = Field(30, ge=1)
+    max_user_turns: int = Field(30, ge=1, description="most simulated-user turns per conversation")
 
 
 class JudgeConfig(_Section):
@@ -219,20 +236,23 @@ class JudgeConfig(_Section):
     url: str | None = Field(None, description="an OpenAI-compatible endpoint (…/v1), asked by chat completions")
     served_model: str | None = Field(None, description="the model name the endpoint serves (default: its first)")
     api_key_env: str = Field("ENVACE_API_KEY", description="environment variable holding the endpoint's key")
-    timeout_s: float = Field(60.0, gt=0)
-    retries: int = Field(2, ge=0)
-    max_new_tokens: int = Field(24, ge=1)
+    timeout_s: float = Field(60.0, gt=0, description="seconds to wait for one judge request")
+    retries: int = Field(2, ge=0, description="retries of a failed judge request")
+    max_new_tokens: int = Field(24, ge=1, description="longest judge verdict, in new tokens")
 
 
 class TrainConfig(_Section):
-    model: str = "smollm2"
+    model: str = Field("smollm2", description="the policy: smollm2, tiny, llama:HIDDENxLAYERS (from scratch) or "
+                       "a local HF model dir")
     trust_task_worlds: bool = Field(False, description="let the task file's own env.world entries run code (mcp: "
                                     "commands, MCP URLs, .py files, import paths); refused by default: a task "
                                     "file is data (docs/tasks.md)")
     sim_model: str | None = Field(None, description="frozen simulator for source=simulator (default: the start model)")
-    seed: int = 0
-    worlds: list[str] = Field(default_factory=lambda: ["shop", "calendar", "bank"])
-    task_file: str | None = None
+    seed: int = Field(0, description="seeds task sampling, rollouts and the warm start's data")
+    worlds: list[str] = Field(default_factory=lambda: ["shop", "calendar", "bank"],
+                              description="embedded worlds whose generated tasks train and evaluate")
+    task_file: str | None = Field(None, description="your JSONL task file (docs/tasks.md) instead of the "
+                                  "embedded worlds' tasks")
     world: str | dict[str, Any] | None = Field(
         None, description="the real environment of task-file tasks whose env names none: a registered name, "
         "package.module:Name or path/to/tools.py[:Class], mcp:COMMAND, an http(s) MCP URL, or a mapping of "
@@ -246,21 +266,26 @@ class TrainConfig(_Section):
     report_samples_every: int = Field(5, ge=0, description="a table of sampled trajectories to the trackers "
                                       "every N steps (0: none)")
     wandb_mode: Literal["offline", "online"] = Field("offline", description="online uploads to W&B")
-    tracker_project: str = "envace"
+    tracker_project: str = Field("envace", description="project name in the trackers (W&B, trackio)")
     tool_distractors: int | None = Field(None, ge=0, description="show only needed tools + N others (default: all tools)")
     tasks_per_world: int = Field(300, ge=1, description="generated tasks per embedded world (ids 0..N-1, both splits)")
     n_examples: int = Field(3, ge=0, description="real call/result examples per generated task (simulator grounding)")
     grounding: Literal["covering", "disjoint"] = Field(
         "covering", description="covering: examples show the looked-up values a rehearsal needs; disjoint: never")
-    source: Literal["rehearsal", "real", "simulator"] = "rehearsal"
+    source: Literal["rehearsal", "real", "simulator"] = Field(
+        "rehearsal", description="who answers tool calls during training: the policy rehearsing them, the real "
+        "world, or a frozen simulator (sim_model)")
     rl_fresh_tasks: bool = Field(True, description="GRPO draws from train tasks the SFT warm start did not use "
                                  "(all of them when it used every one)")
     rl_pool: int | None = Field(None, ge=1, description="GRPO draws from only N tasks of its pool, seeded, so each "
                                 "comes back every few steps: shows whether RL can fit tasks it sees again")
-    mode: Literal["share", "noshare", "caller_only", "frozen_caller"] = "share"
-    steps: int = Field(20, ge=0)
-    tasks_per_step: int = Field(4, ge=1)
-    group_size: int = Field(4, ge=1)
+    mode: Literal["share", "noshare", "caller_only", "frozen_caller"] = Field(
+        "share", description="share: one model plays both roles; noshare: two models; caller_only: the "
+        "simulator stays frozen; frozen_caller: only the simulator trains")
+    steps: int = Field(20, ge=0, description="GRPO steps (0: only the warm start and the eval)")
+    tasks_per_step: int = Field(4, ge=1, description="tasks rolled out per GRPO step")
+    group_size: int = Field(4, ge=1, description="episodes per task per step (G); advantages are centred "
+                            "within a task's group")
     dynamic_sampling: int = Field(
         0, ge=0, description="DAPO's dynamic sampling: only task groups with signal (episodes that scored "
         "differently) train, and while fewer than tasks_per_step of them are in hand, up to N more rounds of "
@@ -281,7 +306,7 @@ class TrainConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     bench: BenchTrainConfig | None = Field(None, description="train on a paper benchmark's entries (its scorer "
                                            "as reward, its environment for the eval) instead of `worlds`")
-    out: str = "runs"
+    out: str = Field("runs", description="the folder run directories are created in")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: one per idle core, "
                                 "checked again between steps)")
     mixed_precision: Literal["no", "bf16"] = Field(
