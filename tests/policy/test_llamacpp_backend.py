@@ -213,3 +213,14 @@ def test_a_row_longer_than_the_context_is_refused_by_name():
         backend.generate([[5] * 250], GREEDY)
     with pytest.raises(RuntimeError, match="sync_weights"):
         LlamaCppBackend(tok, n_threads=1).generate([[5]], GREEDY)
+
+
+def test_q4_1_prompts_of_32_tokens_and_more_decode_correctly():
+    """ik_llama.cpp's Q4_1 kernel for 32+ token batches gives wrong logits; the backend feeds Q4_1
+    engines smaller pieces, so a long prompt's next token is the trainer's (it was not before)."""
+    model, tok = load_model("tiny")
+    prompt = tok.encode(" ".join(["The capital of France is Paris and the capital of Spain is Madrid."] * 4))[:48]
+    one = SamplingParams(max_new_tokens=1, temperature=0)
+    ref = TransformersBackend(model, tok).generate([prompt], one)[0]
+    out = _llama(tok, model, "Q4_1").generate([prompt] * 2, one)
+    assert all(o.token_ids == ref.token_ids for o in out)

@@ -324,6 +324,10 @@ class LlamaCppBackend:
             {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set())
         self._engine: _Engine | None = None
         self._encoded: dict[str, Any] = {}  # write_gguf's reuse of unchanged tensors
+        # Tokens per llama_decode. ik_llama.cpp 0.1.5's Q4_1 matrix kernel for batches of 32 or more
+        # tokens returns wrong logits (the shipped SmolLM2 Q4_1 file too; Q8_0, BF16 and F32 agree
+        # with transformers at any size), so Q4_1 prompts and row steps go in smaller pieces.
+        self._step_tokens = 16 if quant == "Q4_1" else n_ctx
         self.syncs = 0
         self.path: Path | None = None
         self._seq_rm, self._seq_cp = _extra_api(self.C._lib)
@@ -435,12 +439,16 @@ class LlamaCppBackend:
                 if not keep:
                     break
                 running = keep
-                for j, s in enumerate(running):
-                    self._put(batch, j, tokens[s][-1], pos[s], s, True)
-                    pos[s] += 1
-                batch.n_tokens = len(running)
-                self._decode(batch)
-                logits = self._logits(range(len(running)))
+                parts = []
+                for lo in range(0, len(running), self._step_tokens):
+                    chunk = running[lo: lo + self._step_tokens]
+                    for j, s in enumerate(chunk):
+                        self._put(batch, j, tokens[s][-1], pos[s], s, True)
+                        pos[s] += 1
+                    batch.n_tokens = len(chunk)
+                    self._decode(batch)
+                    parts.append(self._logits(range(len(chunk))))
+                logits = parts[0] if len(parts) == 1 else np.concatenate(parts)
         finally:
             C.llama_batch_free(batch)
 
@@ -459,11 +467,13 @@ class LlamaCppBackend:
                 continue
             first[key] = s
             p = prompts[i]
-            for j, tok in enumerate(p):
-                self._put(batch, j, tok, j, s, j == len(p) - 1)
-            batch.n_tokens = len(p)
-            self._decode(batch)
-            out[s] = self._logits([len(p) - 1])[0]
+            for lo in range(0, len(p), self._step_tokens):
+                chunk = p[lo: lo + self._step_tokens]
+                for j, tok in enumerate(chunk):
+                    self._put(batch, j, tok, lo + j, s, lo + j == len(p) - 1)
+                batch.n_tokens = len(chunk)
+                self._decode(batch)
+            out[s] = self._logits([len(chunk) - 1])[0]
         return out
 
     @staticmethod
