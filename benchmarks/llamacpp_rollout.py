@@ -100,8 +100,9 @@ def main() -> None:
     print(f"prompt      {len(prompt)} tokens, {args.new_tokens} new tokens x {args.batch} rows, T {TEMPERATURE}")
 
     engines: dict[str, object] = {
-        "transformers fp32": TransformersBackend(policy, tok, max_batch=args.batch),
-        "transformers bf16": TransformersBackend(policy, tok, max_batch=args.batch, dtype=torch.bfloat16),
+        "transformers fp32": TransformersBackend(policy, tok, max_batch=max(args.batch, args.kl_rows)),
+        "transformers bf16": TransformersBackend(policy, tok, max_batch=max(args.batch, args.kl_rows),
+                                                 dtype=torch.bfloat16),
     }
     syncs: dict[str, list[float]] = {}
     for q in args.quants:
@@ -137,7 +138,7 @@ def main() -> None:
     kl: dict[str, tuple[float, float, float, int]] = {}
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=TEMPERATURE, seed=7)
     for name, e in engines.items():
-        if name == "transformers fp32":
+        if name == "transformers fp32" or args.kl_rows < 1:
             continue  # the trainer itself
         gens = e.generate([prompt] * args.kl_rows, params)
         samples = [TurnSample(role="caller", group_id="kl", trajectory_index=i, turn=0, prompt_ids=list(prompt),
@@ -159,8 +160,8 @@ def main() -> None:
         ks = f"{k[0]:>11.4f} {k[1]:>9.3f} {k[2]:>6.3f}" if k else f"{'(trainer)':>11} {'':>9} {'':>6}"
         print(f"{name:<20} {spread(speed[name]):<28} {median(speed[name]) / base:>7.2f} {sync:>22} {ks}")
     firsts = ", ".join(f"{q} {v[0]:.2f}" for q, v in syncs.items())
-    print(f"first sync (engine start, nothing cached): {firsts} s; KL over {next(iter(kl.values()))[3]} "
-          f"sampled tokens per engine")
+    counted = f"; KL over {next(iter(kl.values()))[3]} sampled tokens per engine" if kl else ""
+    print(f"first sync (engine start, nothing cached): {firsts} s{counted}")
 
 
 if __name__ == "__main__":
