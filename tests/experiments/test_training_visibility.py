@@ -126,3 +126,15 @@ def test_a_set_typo_is_blamed_on_the_flag_with_the_nearest_field(tmp_path, capsy
     assert main(["sft", "--config", str(good), "--set", "sft.epoch=3"]) == 2
     assert "did you mean 'sft.epochs'?" in capsys.readouterr().err
     assert not any(tmp_path.glob("runs*"))  # refused before anything runs
+
+
+def test_an_eval_prints_as_a_table_not_a_dict():
+    from envace.experiments.progress import metrics_table
+
+    text = metrics_table("final real eval (step 2)", {"eval/success": 0.25, "eval/fidelity_n": 12.0,
+                                                        "eval/reward": 0.5}, width=80)
+    lines = text.splitlines()
+    assert lines[0] == "final real eval (step 2)" and "{" not in text and "'" not in text
+    assert any("success" in ln and "0.250" in ln and "reward" in ln for ln in lines[1:]), text
+    assert any("fidelity_n" in ln and " 12" in ln for ln in lines[1:]), text
+    assert all(len(ln) <= 80 for ln in lines)

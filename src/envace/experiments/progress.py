@@ -135,3 +135,28 @@ class StepProgress:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+def metrics_table(title: str, metrics: dict[str, Any], width: int | None = None) -> str:
+    """``metrics`` (``eval/success``: 0.25, ...) as a titled two-column table of text, for a log
+    line: readable at a glance where a dict's repr is not. Names keep their order; the shared
+    prefix (``eval/``) is dropped."""
+    import io
+
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    items = [(k.split("/", 1)[1] if k.startswith("eval/") else k,
+              f"{v:g}" if k.endswith("_n") else f"{v:.3f}" if isinstance(v, float) else str(v))
+             for k, v in metrics.items()]
+    half = (len(items) + 1) // 2
+    for left, right in zip(items[:half], items[half:] + [("", "")]):
+        table.add_row(*left, *right)
+    out = io.StringIO()
+    Console(file=out, width=width or min(Console().width, 100), no_color=True, highlight=False).print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().strip().splitlines() if line.strip())

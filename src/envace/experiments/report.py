@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -247,18 +249,18 @@ def write_train_report(run: RunDir) -> Path:
         lines += [
                   "| step | success | tasks solved (any episode) | mean reward | tool calls | parse failures |",
                   "|---|---|---|---|---|---|"]
-        # a row of an older run (before eval.samples) or a partial one lacks columns: nan, not a crash
-        nan = float("nan")
-        lines += [f"| {r['step']} | {r.get('eval/success', nan):.3f} | {r.get('eval/tasks_solved', nan):.3f} | "
-                  f"{r.get('eval/reward', nan):.3f} | {r.get('eval/tool_calls', nan):.2f} | "
-                  f"{r.get('eval/parse_failures', nan):.2f} |" for r in ev]
+        # a row of an older run (before eval.samples) or a partial one lacks columns: n/a, not a crash
+        lines += [f"| {r['step']} | {_value(r, 'eval/success')} | {_value(r, 'eval/tasks_solved')} | "
+                  f"{_value(r, 'eval/reward')} | {_value(r, 'eval/tool_calls', '.2f')} | "
+                  f"{_value(r, 'eval/parse_failures', '.2f')} |" for r in ev]
         lines.append("")
         if len(ev) > 1 and (run.path / "evals.jsonl").is_file():
             by_step = eval_task_success(run)
             first, last = eval_steps(run, by_step)
             gain, se, n = paired_gain(by_step[first], by_step[last])
+            se_text = f"{se:.3f}" if not math.isnan(se) else "n/a: one task has none"
             lines += [f"Success gain from step {first} to step {last}: **{gain:+.3f}** (paired standard error "
-                      f"{se:.3f} over {n} tasks; under about two standard errors a gain may be noise).", ""]
+                      f"{se_text} over {n} tasks; under about two standard errors a gain may be noise).", ""]
         warning = reward_without_success(cfg, tr, ev, eval_task_success(run) if (run.path / "evals.jsonl").is_file()
                                          else None)
         if warning:
@@ -272,11 +274,20 @@ def write_train_report(run: RunDir) -> Path:
                   f"update {sum(r['update_s'] for r in tr) / len(tr):.1f} s)", "",
                   "| step | reward | success | caller R | simulator R | tool calls | sim format failures |",
                   "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['step']} | {r['reward']:.3f} | {r['success']:.3f} | {r.get('reward/caller', float('nan')):.3f} | "
-                  f"{r.get('reward/simulator', float('nan')):.3f} | {r['tool_calls']:.2f} | {r['sim_format_failures']:.2f} |"
+        lines += [f"| {r['step']} | {r['reward']:.3f} | {r['success']:.3f} | {_value(r, 'reward/caller')} | "
+                  f"{_value(r, 'reward/simulator')} | {r['tool_calls']:.2f} | {r['sim_format_failures']:.2f} |"
                   for r in tr]
+        if any(_value(r, k) == "n/a" for r in tr for k in ("reward/caller", "reward/simulator")):
+            lines += ["", "n/a: the role had no samples that step (the simulator rehearses only the tool calls "
+                      "the caller makes; a step with no call has none), or its mode does not train it."]
     lines += ["", "![learning curve](learning_curve.png)", ""]
     return run.write_text("summary.md", "\n".join(lines))
+
+
+def _value(row: dict, key: str, fmt: str = ".3f") -> str:
+    """A table cell: the figure, or ``n/a`` where the row has none (never a bare ``nan``)."""
+    v = row.get(key)
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
 
 def write_report(run: RunDir) -> Path:

@@ -31,7 +31,7 @@ from envace.experiments.rollout_backends import rollout_backends
 from envace.experiments.models import RunModels, frozen_copy, load_frozen, load_policy, split_for_mode, with_lora
 from envace.experiments.failures import failure_rows
 from envace.experiments.gap import GapParts, failure_metrics, gap_metrics, gap_sources, run_gap
-from envace.experiments.progress import JobClock, StepProgress
+from envace.experiments.progress import JobClock, StepProgress, metrics_table
 from envace.experiments.report import write_train_report
 from envace.experiments.rundir import RunDir
 from envace.experiments.tasksets import (EvalKind, TaskSet, WorldTasks, eval_kind, eval_tasks, real_eval_tasks,
@@ -585,7 +585,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print,
     eval0 = dist.broadcast_object(acc, main and cfg.eval.at_start and st.start_step == 0
                                   and not any(m.get("phase") == "eval" for m in run.metrics()))
     if eval0:
-        log(f"step 0 {kind} eval on {len(held_out)} {cfg.eval.split} tasks: {do_eval(0)}")
+        log(metrics_table(f"step 0 {kind} eval on {len(held_out)} {cfg.eval.split} tasks", do_eval(0)))
     bar = StepProgress("train", total=cfg.steps, start=st.start_step, clock=clock) if main else None
     flat = FlatGroups(log if main else None)
     for step in range(st.start_step + 1, cfg.steps + 1):
@@ -620,7 +620,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print,
         m.get("phase") == "eval" and m.get("step") == cfg.steps for m in run.metrics()))
     if final_missing:
         final = do_eval(cfg.steps)
-        log(f"final {kind} eval (step {cfg.steps}): {final}")
+        log(metrics_table(f"final {kind} eval (step {cfg.steps})", final))
     tasks.close()
 
     if main:
