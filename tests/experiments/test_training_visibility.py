@@ -138,3 +138,36 @@ def test_an_eval_prints_as_a_table_not_a_dict():
     assert any("success" in ln and "0.250" in ln and "reward" in ln for ln in lines[1:]), text
     assert any("fidelity_n" in ln and " 12" in ln for ln in lines[1:]), text
     assert all(len(ln) <= 80 for ln in lines)
+
+
+@pytest.mark.slow
+def test_the_warm_start_logs_a_row_per_step_to_metrics_and_trackers(tmp_path):
+    from envace.experiments.config import load_config
+    from envace.experiments.train_job import train
+
+    from test_train_job import _cfg  # tests/experiments is on sys.path (pytest prepend mode)
+
+    pytest.importorskip("tensorboard")
+    cfg = load_config(_cfg(tmp_path, report_to=["tensorboard"], steps=1,
+                           sft={"trajectories": 2, "epochs": 2, "batch_samples": 2, "copy_warmup_steps": 3,
+                                "copy_warmup_vocab": 16, "copy_warmup_span": 4},
+                           eval={"every": 0, "tasks": 1, "at_start": False}))
+    run = train(cfg, log=lambda *_: None)
+    rows = run.metrics()
+    copy = [r for r in rows if r.get("phase") == "copy"]
+    sft = [r for r in rows if r.get("phase") == "sft" and "sft/loss" in r]
+    assert [r["copy/step"] for r in copy] == [1, 2, 3] and all(r["copy/loss"] > 0 for r in copy)
+    assert len(sft) >= 2 and [r["sft/step"] for r in sft] == list(range(1, len(sft) + 1))
+    assert [r["global_step"] for r in copy + sft] == list(range(1, 4 + len(sft)))
+    assert all(r["sft/lr"] > 0 and r["sft/loss"] > 0 and r["step"] == 0 for r in sft)
+    # the warm start's summary row is still there for the report
+    assert any("sft/samples" in r for r in rows) and "SFT warm start:" in (run.path / "summary.md").read_text()
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run.path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("sft/loss")] == [
+        (r["global_step"], pytest.approx(r["sft/loss"])) for r in sft]
+    assert [e.step for e in acc.Scalars("copy/loss")] == [1, 2, 3]
+    assert [e.step for e in acc.Scalars("train/reward")] == [1]  # GRPO keeps its own steps there

@@ -226,7 +226,7 @@ def write_train_report(run: RunDir) -> Path:
     cfg = run.config()
     ev = [r for r in rows if r.get("phase") == "eval"]
     tr = [r for r in rows if r.get("phase") == "train"]
-    sft = [r for r in rows if r.get("phase") == "sft"]
+    sft = [r for r in rows if r.get("phase") == "sft" and "sft/samples" in r]  # the summary row, not per-step ones
     plot_learning_curve({cfg.get("source", "run"): run}, run.path / "learning_curve.png")
     lines = [f"# Training run `{run.path.name}`", "",
              f"model `{cfg.get('model')}`, source `{cfg.get('source')}`, mode `{cfg.get('mode')}`, "

@@ -126,3 +126,52 @@ def sample_rows(trajs: list[Trajectory], step: int, n: int = 4) -> list[list[Any
 
 def json_config(cfg: Any) -> dict[str, Any]:
     return json.loads(json.dumps(cfg, default=str))
+
+
+# Keys of a metrics row that place it, not measure it.
+PLACE_KEYS = ("step", "global_step")
+
+
+def warm_start_steps(rows: list[dict[str, Any]]) -> int:
+    """How many optimiser steps the warm start (copy warm-up, then SFT) logged: its per-step rows
+    carry a ``global_step`` (1, 2, ... through both phases)."""
+    return max((int(r["global_step"]) for r in rows if isinstance(r.get("global_step"), int)), default=0)
+
+
+def replay_warm_start(trackers: list[Tracker], rows: list[dict[str, Any]]) -> None:
+    """Send the warm start's per-step rows, already in metrics.jsonl, to ``trackers`` at their
+    ``global_step``: the trackers are made after it (on several processes, once rank 0's run
+    directory exists), so its curves appear when GRPO starts."""
+    for r in rows:
+        if isinstance(r.get("global_step"), int):
+            values = {k: v for k, v in row_scalars(r).items() if k.rsplit("/", 1)[-1] not in PLACE_KEYS}
+            for t in trackers:
+                t.scalars(values, int(r["global_step"]))
+
+
+class Shifted:
+    """A tracker whose steps are moved on by ``offset`` (the warm start's steps): GRPO step k at
+    ``offset + k``, with ``train/step`` = k beside the figures."""
+
+    def __init__(self, tracker: Tracker, offset: int) -> None:
+        self.tracker, self.offset = tracker, offset
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        self.tracker.scalars({**values, "train/step": float(step)}, self.offset + step)
+
+    def table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        self.tracker.table(name, columns, rows, self.offset + step)
+
+    def close(self) -> None:
+        self.tracker.close()
+
+
+def after_warm_start(trackers: list[Tracker], offset: int) -> list[Tracker]:
+    """The trackers GRPO and eval rows go to. TensorBoard and trackio keep one step per curve, so
+    GRPO step k stays k there (``sft/loss`` has its own curve at the warm start's steps); W&B drops
+    a step lower than the last it saw, so there GRPO step k goes at ``offset + k`` (one x-axis through
+    every phase; ``train/step`` holds k)."""
+    if not offset:
+        return trackers
+    return [Shifted(t, offset) if getattr(getattr(t, "module", None), "__name__", "") == "wandb" else t
+            for t in trackers]

@@ -24,7 +24,8 @@ from envace.core.prompts import PromptStyle
 from envace.core.types import Task, Trajectory
 from envace.experiments.config import TrainConfig
 from envace.experiments.metrics_log import MetricsLog
-from envace.experiments.trackers import json_config, make_trackers
+from envace.experiments.trackers import (after_warm_start, json_config, make_trackers, replay_warm_start,
+                                         warm_start_steps)
 from envace.experiments.eval_models import run_config, train_style
 from envace.experiments.factory import GenerationSettings, make_actor, make_judge
 from envace.experiments.rollout_backends import rollout_backends
@@ -241,6 +242,24 @@ def _on_step(bar: StepProgress, threads: AdaptiveThreads | None):
     return on_step
 
 
+def _warm_start_rows(run: RunDir):
+    """Per-step rows of the warm start's phases into metrics.jsonl (``step`` 0: before GRPO, so a
+    resume keeps them; ``global_step`` counts every warm-start step, copy warm-up then SFT); the
+    trackers get them when the run makes them (trackers.replay_warm_start)."""
+    count = {"global": 0}
+
+    def for_phase(phase: str):
+        def on_row(values: dict[str, float]) -> None:
+            count["global"] += 1
+            count[phase] = count.get(phase, 0) + 1
+            run.log_metrics({"phase": phase, "step": 0, "global_step": count["global"],
+                             f"{phase}/step": count[phase], **values})
+
+        return on_row
+
+    return for_phase
+
+
 def prompt_mismatch(warm: Path, cfg: TrainConfig) -> str:
     """The prompt settings in which the run that made the warm start ``warm`` differs from ``cfg``,
     as ``field: theirs -> ours`` (empty when they agree, or when no run config is found)."""
@@ -292,6 +311,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
                 f"{cap} (longest {max(lengths)} tokens): the policy cannot write them whole; raise the cap")
     t0 = time.perf_counter()
     clock = clock or job_clock(cfg)
+    on_row = _warm_start_rows(run)
     if cfg.sft.copy_warmup_steps:
         vocab = data_vocabulary((s.prompt_ids + s.gen_ids for s in samples), limit=cfg.sft.copy_warmup_vocab)
         bar = StepProgress("copy warm-up", total=cfg.sft.copy_warmup_steps, clock=clock)
@@ -303,7 +323,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
                          span=cfg.sft.copy_warmup_span, seed=cfg.seed,
                          on_step=_on_step(bar, threads), data=results,
                          data_frac=cfg.sft.copy_warmup_data if results else 0.0,
-                         data_span=cfg.sft.copy_warmup_data_span)
+                         data_span=cfg.sft.copy_warmup_data_span, on_row=on_row("copy"))
         bar.close()
         log(f"copy warm-up: {cw.steps} steps over {cw.vocabulary} data tokens, loss {cw.first_loss:.3f} -> "
             f"{cw.last_loss:.3f}, copy accuracy {cw.accuracy:.3f}")
@@ -315,7 +335,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
                     batch_samples=cfg.sft.batch_samples, schedule=cfg.sft.schedule,
                     seed=cfg.seed, pad_id=tokenizer.pad_token_id or 0,
-                    on_step=_on_step(bar, threads), mixed_precision=cfg.mixed_precision)
+                    on_step=_on_step(bar, threads), mixed_precision=cfg.mixed_precision, on_row=on_row("sft"))
     bar.close()
     run.log_metrics({"phase": "sft", "step": 0, "sft/first_loss": stats.first_loss, "sft/last_loss": stats.last_loss,
                      "sft/samples": stats.samples, "sft/tokens": stats.tokens, "sft/seconds": time.perf_counter() - t0,
@@ -374,6 +394,7 @@ def prepare(cfg: TrainConfig, resume: str | Path | None, log, accelerator: Any |
         policy, tok = run_policy(cfg, init)
         policy.to(dist.device(accelerator, cfg.device))
         _clear_phase(run, "sft")
+        _clear_phase(run, "copy")
         warm_start(policy, tok, cfg, run, log, clock, threads)
     if resume is not None or not main:
         policy, tok = run_policy(cfg, run.path / SFT_DIR)
@@ -530,9 +551,13 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print,
     run, models = st.run, st.models
     metrics_log = None
     if main:
+        warm_rows = [r for r in run.metrics() if r.get("phase") in ("copy", "sft")]
         trackers = make_trackers(cfg.report_to, run.path, run.path.name, json_config(cfg.model_dump(mode="json")),
                                  project=cfg.tracker_project, wandb_mode=cfg.wandb_mode,
                                  resume_step=st.start_step if resume is not None else None)
+        if resume is None:
+            replay_warm_start(trackers, warm_rows)
+        trackers = after_warm_start(trackers, warm_start_steps(warm_rows))
         metrics_log = MetricsLog(run, trackers, samples_every=cfg.report_samples_every)
     tok = models.tokenizer
     anchors = anchor_pool(cfg, tok) if cfg.grpo.anchor_coef > 0 else []

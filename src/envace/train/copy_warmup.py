@@ -57,7 +57,8 @@ def copy_warmup(model: nn.Module, vocabulary: list[int], steps: int, lr: float =
                 batch: int = 32, seed: int = 0,
                 on_step: Callable[[int, int, float], None] | None = None,
                 data: Sequence[Sequence[int]] | None = None, data_frac: float = 0.0,
-                data_span: int = 128) -> CopyWarmupStats:
+                data_span: int = 128,
+                on_row: Callable[[dict[str, float]], None] | None = None) -> CopyWarmupStats:
     """Train ``model`` to repeat random spans of ``vocabulary`` tokens: rows ``[x filler x]`` with
     ``len(x)`` in ``[span/3, span]`` and up to ``span`` filler tokens, loss on the repeat. Needs
     an HF causal LM (body + vocabulary head).
@@ -113,5 +114,7 @@ def copy_warmup(model: nn.Module, vocabulary: list[int], steps: int, lr: float =
         acc = float((logits.detach().argmax(-1) == ids).float().mean())
         if on_step is not None:
             on_step(step, steps, last)
+        if on_row is not None:  # each step's figures, for a metrics log
+            on_row({"copy/loss": last, "copy/accuracy": acc, "copy/lr": lr, "copy/from_data": float(from_data)})
     model.eval()
     return CopyWarmupStats(steps=steps, vocabulary=len(vocabulary), first_loss=first, last_loss=last, accuracy=acc)

@@ -318,10 +318,12 @@ def lr_factor(step: int, total: int, schedule: str, warmup: float = 0.05) -> flo
 def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr: float = 2e-4,
             batch_samples: int = 16, micro_batch_tokens: int = 4096, seed: int = 0, pad_id: int = 0,
             on_step: Callable[[int, int, float], None] | None = None, schedule: str = "constant",
-            mixed_precision: MixedPrecision = "no") -> SFTStats:
+            mixed_precision: MixedPrecision = "no",
+            on_row: Callable[[dict[str, float]], None] | None = None) -> SFTStats:
     """Plain AdamW fine-tuning over shuffled batches of ``batch_samples``, accumulated over
     micro-batches that fit ``micro_batch_tokens``; learning rate per ``lr_factor``; the forward
-    under ``mixed_precision`` (forward.autocast)."""
+    under ``mixed_precision`` (forward.autocast). ``on_row``: each step's figures (``sft/loss``,
+    ``sft/lr``, ``sft/tokens``), for a metrics log."""
     if not samples:
         raise ValueError("run_sft: no samples")
     params = trainable_parameters(model)
@@ -348,6 +350,7 @@ def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr
                 loss.backward()
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, 1.0)
+            lr_now = opt.param_groups[0]["lr"]  # this step's, before the schedule moves it
             opt.step()
             sched.step()
             step += 1
@@ -355,5 +358,7 @@ def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr
             last = total
             if on_step is not None:
                 on_step(step, total_steps, total)
+            if on_row is not None:
+                on_row({"sft/loss": total, "sft/lr": lr_now, "sft/tokens": float(tokens)})
     return SFTStats(steps=step, samples=len(samples), tokens=sum(s.target_count for s in samples),
                     first_loss=first, last_loss=last)
