@@ -171,3 +171,37 @@ def test_the_warm_start_logs_a_row_per_step_to_metrics_and_trackers(tmp_path):
         (r["global_step"], pytest.approx(r["sft/loss"])) for r in sft]
     assert [e.step for e in acc.Scalars("copy/loss")] == [1, 2, 3]
     assert [e.step for e in acc.Scalars("train/reward")] == [1]  # GRPO keeps its own steps there
+    assert "<b>step 1</b>" in (run.path / "viewer.html").read_text()  # the run's rollouts, per step
+
+
+def test_a_training_run_writes_a_viewer_of_its_episodes_per_step(tmp_path):
+    """A real (small) run's trajectories through the viewer; and an episode that ended in a final
+    answer shows that answer, never a blank assistant cell."""
+    import json
+
+    from envace.core.types import Message, ToolCall, Trajectory
+    from envace.experiments.report import write_train_report
+    from envace.experiments.rundir import RunDir
+    from envace.experiments.viewer import render_train_viewer
+
+    run = RunDir.create(str(tmp_path / "runs"), "train", {"model": "tiny", "source": "rehearsal"}, seed=0)
+    answered = Trajectory(task_id="shop-1", source="rehearsal", reward=1.0, stop_reason="final_answer", messages=[
+        Message(role="user", content="What is in <my> cart?"),
+        Message(role="assistant", content="", tool_calls=[ToolCall(name="get_cart", arguments={"user": "u1"})]),
+        Message(role="tool", name="get_cart", content='{"items": []}', rehearsed=True),
+        Message(role="assistant", content="Your cart is empty.")])
+    blank = Trajectory(task_id="shop-2", source="rehearsal", reward=0.0, stop_reason="final_answer", messages=[
+        Message(role="user", content="Hi"), Message(role="assistant", content="")])
+    for step, t in ((1, answered), (2, blank)):
+        run.add_trajectories([{"step": step, "kind": "train", **t.model_dump(mode="json", exclude_none=True)}])
+    run.log_metrics({"phase": "train", "step": 1, "reward": 1.0, "success": 1.0, "tool_calls": 1.0,
+                     "sim_format_failures": 0.0, "step_s": 1.0, "rollout_s": 1.0, "update_s": 0.0})
+    write_train_report(run)
+    page = (run.path / "viewer.html").read_text()
+    assert "viewer.html" in (run.path / "summary.md").read_text()
+    assert "<b>step 1</b>" in page and "<b>step 2</b>" in page
+    assert "Your cart is empty." in page and "final answer" in page
+    assert "get_cart" in page and json.dumps({"user": "u1"}).replace('"', "&quot;") in page
+    assert "What is in &lt;my&gt; cart?" in page and "<my>" not in page  # model and task text escaped
+    assert "ended the episode with an empty turn" in page
+    assert "<p>No episodes yet.</p>" in render_train_viewer("t", [], [])

@@ -281,6 +281,10 @@ def write_train_report(run: RunDir) -> Path:
             lines += ["", "n/a: the role had no samples that step (the simulator rehearses only the tool calls "
                       "the caller makes; a step with no call has none), or its mode does not train it."]
     lines += ["", "![learning curve](learning_curve.png)", ""]
+    from envace.experiments.viewer import write_train_viewer
+
+    viewer = write_train_viewer(run)
+    lines += [f"Episodes per step, turn by turn (rollouts and evals): [{viewer.name}]({viewer.name})", ""]
     return run.write_text("summary.md", "\n".join(lines))
 
 

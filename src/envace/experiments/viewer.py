@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from envace.core.jsonl import atomic_write_text
+from envace.core.types import solved
 from envace.experiments.rundir import RunDir
 
 CSS = """
@@ -59,6 +60,28 @@ def _mark(v: Any) -> str:
     return '<span class="ok">✓</span>' if v else '<span class="bad">✗</span>'
 
 
+def _content(traj: dict, msgs: list[dict], i: int) -> str:
+    """A message's cell: its text; for an assistant turn its tool calls as well (a call parsed
+    from a server's structured reply has no text), and the episode's final answer where the turn
+    that ended it carries no text of its own, so no cell is blank without saying why."""
+    m = msgs[i]
+    text = m.get("content", "") or ""
+    if m.get("role") != "assistant":
+        return f"<pre>{esc(text)}</pre>"
+    parts = [f"<pre>{esc(text)}</pre>"] if text.strip() else []
+    calls = m.get("tool_calls") or []
+    if calls and not text.strip():
+        parts += [f"<pre><b>call</b> {esc(c.get('name', ''))} {esc(c.get('arguments', {}))}</pre>" for c in calls]
+    last = not any(n.get("role") == "assistant" for n in msgs[i + 1:])
+    if last and not calls and traj.get("stop_reason") == "final_answer":
+        answer = traj.get("final_answer") or traj.get("answer") or text
+        if not text.strip():
+            parts.append(f"<pre>{esc(answer)}</pre>" if str(answer).strip() else
+                         "<span class='na'>(final answer: the model ended the episode with an empty turn)</span>")
+        parts.insert(0, '<span class="tag">final answer</span>')
+    return "".join(parts) or "<span class='na'>(empty turn)</span>"
+
+
 def _turns_table(traj: dict, counterpart: dict[str, str] | None = None) -> str:
     msgs = traj.get("messages", [])
     answered = {id(a): c for c, a in _steps(msgs)}
@@ -78,7 +101,7 @@ def _turns_table(traj: dict, counterpart: dict[str, str] | None = None) -> str:
                 other = counterpart.get(_call_key(call), "")
             right = f"<td><pre>{esc(other)}</pre></td>" if other else "<td></td>"
         rows.append(f'<tr class="{esc(role)}"><td>{i}</td><td>{esc(role)}{tag}</td>'
-                    f"<td><pre>{esc(m.get('content', ''))}</pre></td>{right}</tr>")
+                    f"<td>{_content(traj, msgs, i)}</td>{right}</tr>")
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -177,4 +200,59 @@ def write_viewer(run: RunDir, committed: list[dict], rehearsals: list[dict], fid
     title = f"envace eval {run.path.name} — model {cfg.get('model')}"
     path = run.path / "viewer.html"
     atomic_write_text(path, render_viewer(title, committed, rehearsals, fidelity))
+    return path
+
+
+MAX_TRAIN_STEPS_SHOWN = 100
+MAX_EPISODES_PER_STEP = 16
+
+
+def _episode(t: dict) -> str:
+    user = next((m.get("content", "") for m in t.get("messages", []) if m.get("role") == "user"), "")
+    return (f"<details><summary>{_mark(solved(float(t.get('reward', 0.0))))} {esc(t.get('task_id', ''))} #{esc(t.get('trajectory_index', 0))}"
+            f" — reward {float(t.get('reward', 0.0)):.2f}, stop {esc(t.get('stop_reason', ''))}, "
+            f"{esc(t.get('tool_calls', 0))} calls</summary><p><b>Instruction:</b> {esc(user)}</p>"
+            f"{_turns_table(t)}<p><b>Checklist</b></p>{_verdicts(t)}</details>")
+
+
+def render_train_viewer(title: str, rollouts: list[dict], evals: list[dict]) -> str:
+    """A training run's episodes per step: its GRPO rollouts (rehearsed or real responses marked)
+    and its evals, each turn by turn with its checklist, as the eval viewer shows them."""
+    body = [f"<h1>{esc(title)}</h1>"]
+    for name, rows in (("Evaluations (real world)", evals), ("Training rollouts", rollouts)):
+        by_step: dict[int, list[dict]] = {}
+        for r in rows:
+            by_step.setdefault(int(r.get("step", 0)), []).append(r)
+        steps = sorted(by_step)
+        if len(steps) > MAX_TRAIN_STEPS_SHOWN:  # evenly spread, the last always in
+            k = -(-len(steps) // MAX_TRAIN_STEPS_SHOWN)
+            steps = sorted(set(steps[::k]) | {steps[-1]})
+        body.append(f"<h2>{esc(name)}</h2>" if steps else "")
+        for step in steps:
+            eps = by_step[step]
+            wins = sum(solved(float(t.get("reward", 0.0))) for t in eps)
+            mean = sum(float(t.get("reward", 0.0)) for t in eps) / len(eps)
+            body.append(f"<details><summary><b>step {step}</b> — solved {wins}/{len(eps)}, mean reward {mean:.2f}"
+                        "</summary>" + "".join(_episode(t) for t in eps[:MAX_EPISODES_PER_STEP]))
+            if len(eps) > MAX_EPISODES_PER_STEP:
+                body.append(f"<p class='na'>({len(eps) - MAX_EPISODES_PER_STEP} more episodes in the JSONL)</p>")
+            body.append("</details>")
+    if not rollouts and not evals:
+        body.append("<p>No episodes yet.</p>")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+
+
+def write_train_viewer(run: RunDir) -> Path:
+    """``<run>/viewer.html`` of a training run, from trajectories.jsonl and evals.jsonl."""
+    from envace.core.jsonl import read_jsonl_dicts
+
+    def rows(name: str) -> list[dict]:
+        path = run.path / name
+        return read_jsonl_dicts(path) if path.is_file() else []
+
+    cfg = run.config()
+    title = f"envace train {run.path.name} — model {cfg.get('model')}, source {cfg.get('source')}"
+    path = run.path / "viewer.html"
+    atomic_write_text(path, render_train_viewer(title, rows("trajectories.jsonl"), rows("evals.jsonl")))
     return path
