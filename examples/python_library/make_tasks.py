@@ -3,9 +3,13 @@ solution, a checklist, the tool schemas envace derives from library.py (the read
 ``annotations.readOnlyHint``, from ``@envace.readonly``), and real call/result examples from the
 same library state (the rehearsal's grounding).
 
-Every reference is replayed in the real class through envace before the file is written, and must
-meet its own checklist and the implicit guards (reward 1.0) with no tool error on the way. Rerun
-after editing the tools:
+Every reference is replayed in the real class through envace before the file is written, and each
+call's real result is recorded in the task (``reference.calls[i].result``): with no world, the
+warm start replays the reference from those results, the very samples the class would give. Each
+reference must meet its own checklist and the implicit guards (reward 1.0, the ``answer_excludes``
+derived from the recorded results included) with no tool error, both in the real class and
+replayed from its recorded results, judged with no world as a rehearsal step is. Rerun after
+editing the tools:
     python examples/python_library/make_tasks.py
 """
 
@@ -27,6 +31,7 @@ from envace.envs.registry import resolve_world  # noqa: E402
 from envace.rollout.actors import OracleActor  # noqa: E402
 from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402
 from envace.rollout.sources import RealSource  # noqa: E402
+from envace.train.sft import RecordedSource  # noqa: E402
 
 SPEC = str(HERE / "library.py") + ":Library"
 
@@ -82,20 +87,44 @@ def task(i: int, tools: list[dict]) -> dict:
             "reference": {"calls": [{"name": t, "arguments": a} for t, a in calls], "answer": answer}}
 
 
-def replay(rows: list[dict]) -> None:
-    """Each reference, run by envace in the real library, meets its checklist (and the writes
-    guard every task with a reference gets) with no tool error."""
-    tasks = [Task.model_validate(r) for r in rows]
-    source = RealSource(SPEC)
+def _episodes(tasks: list[Task], source) -> list:
     try:
         trajs, _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=5))
     finally:
-        source.close()
-    for task_, traj in zip(tasks, trajs):
-        errors = [m.content for m in traj.messages if m.role == "tool" and error_code(json.loads(m.content))]
-        assert not errors, f"{task_.id}: the reference's calls failed in the real library: {errors}"
-        unmet = [v for v in traj.verdicts if v.met is not True]
-        assert traj.reward == 1.0 and not unmet, f"{task_.id}: reference reward {traj.reward}: {unmet}"
+        if isinstance(source, RealSource):
+            source.close()
+    return trajs
+
+
+def _tool_results(traj) -> list:
+    return [json.loads(m.content) for m in traj.messages if m.role == "tool"]
+
+
+def _assert_full(task_: Task, traj, where: str) -> None:
+    unmet = [v for v in traj.verdicts if v.met is not True]
+    assert traj.reward == 1.0 and not unmet, f"{task_.id}: reference reward {traj.reward} {where}: {unmet}"
+
+
+def replay(rows: list[dict]) -> None:
+    """Each reference, run by envace in the real library, makes its calls with no tool error; their
+    results are recorded in the row. Then, with the results recorded (and the guards derived from
+    them), the reference meets its checklist and the writes guard in the real library, and again
+    replayed from the recorded results with no world, with the same messages."""
+    first = _episodes([Task.model_validate(r) for r in rows], RealSource(SPEC))
+    for row, traj in zip(rows, first):
+        results = _tool_results(traj)
+        errors = [r for r in results if error_code(r)]
+        assert not errors, f"{row['id']}: the reference's calls failed in the real library: {errors}"
+        calls = row["reference"]["calls"]
+        assert len(results) == len(calls), f"{row['id']}: {len(results)} results for {len(calls)} calls"
+        for c, result in zip(calls, results):
+            c["result"] = result
+    tasks = [Task.model_validate(r) for r in rows]
+    real, recorded = _episodes(tasks, RealSource(SPEC)), _episodes(tasks, RecordedSource())
+    for task_, a, b in zip(tasks, real, recorded):
+        _assert_full(task_, a, "in the real library")
+        _assert_full(task_, b, "replayed from its recorded results, judged with no world")
+        assert [(m.role, m.content) for m in a.messages] == [(m.role, m.content) for m in b.messages], task_.id
 
 
 def main() -> None:
