@@ -72,6 +72,7 @@ def main() -> int:
     ap.add_argument("--config", default="configs/smoke.yaml")
     ap.add_argument("--demo", action="store_true", help="configs/demo.yaml, shortened (see DEMO)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides")
+    ap.add_argument("--metrics", type=Path, help="compare this run's metrics.jsonl instead of running one")
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--save", type=Path, help="keep this run's metrics.jsonl in DIR")
     where.add_argument("--against", type=Path, help="compare with DIR/metrics.jsonl")
@@ -79,13 +80,18 @@ def main() -> int:
     config = "configs/demo.yaml" if args.demo else args.config
     overrides = (DEMO if args.demo else []) + args.set
     with tempfile.TemporaryDirectory() as tmp:
-        metrics = run(config, overrides, Path(tmp))
+        metrics = args.metrics or run(config, overrides, Path(tmp))
         if args.save:
             args.save.mkdir(parents=True, exist_ok=True)
             (args.save / "metrics.jsonl").write_text(metrics.read_text(encoding="utf-8"), encoding="utf-8")
             print(f"saved {len(rows(metrics))} rows to {args.save / 'metrics.jsonl'}")
             return 0
         before, after = rows(args.against / "metrics.jsonl"), rows(metrics)
+    if not any("global_step" in r for r in before):  # per-optimiser-step rows a later version logs
+        skipped = [r for r in after if "global_step" in r]
+        after = [r for r in after if "global_step" not in r]
+        if skipped:
+            print(f"{len(skipped)} per-step warm-start rows (global_step) the earlier run did not log: not compared")
     diff, new = differences(before, after)
     for line in diff:
         print(line)
