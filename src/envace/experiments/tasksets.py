@@ -14,6 +14,7 @@ The training job does not ask which kind it has.
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -92,7 +93,7 @@ def step_tasks(pool: list[Task], cfg: TrainConfig, step: int, round_: int = 0,
 
 
 @dataclass
-class TaskSet:
+class TaskSet(ABC):
     """A run's tasks (see the module docstring); subclasses say how episodes are played."""
 
     cfg: TrainConfig
@@ -105,19 +106,20 @@ class TaskSet:
     # worlds resolve (an MCP server's tools are listed) once; None: the benchmark's environment.
     real: RealSource | None = None
 
+    @abstractmethod
     def play(self, tasks: list, actor: Any, source: ResponseSource | None, backend: Any, seed: int | None,
              judge: Any = None) -> tuple[list[Trajectory], float]:
         """``cfg.group_size`` training episodes of each of ``tasks``, scored; ``source`` None: the
         real world answers. Returns them in task order and the generated tokens per second."""
-        raise NotImplementedError
 
+    @abstractmethod
     def evaluate(self, tasks: list, actor: Any, backend: Any, gen: GenerationSettings, seed: int | None,
                  judge: Any = None, log: Any = None) -> list[Trajectory]:
         """``eval.samples`` scored eval episodes of each of ``tasks`` (``log``: a line per turn)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def describe_eval(self) -> str:
-        raise NotImplementedError
+        """The log line saying what the eval runs on."""
 
     def close(self) -> None:
         if self.real is not None:
