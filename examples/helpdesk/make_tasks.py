@@ -5,8 +5,12 @@ helpdesk.py, a reference solution, a checklist, a few real call/result examples 
 helpdesk state (never the call that answers the task) and a split: every 4th task is held out.
 
 Every reference is replayed in the real class through envace before the file is written, and
-must meet its own checklist (reward 1.0) with no tool error on the way. Rerun after editing the
-tools:
+each call's real result is recorded in the task (``reference.calls[i].result``): with no world
+(schema-only training on tasks_portable.jsonl), the warm start replays the reference from those
+results, the very samples the class would give. Each reference must meet its own checklist and
+the implicit guards (reward 1.0, the ``answer_excludes`` derived from the recorded results
+included) with no tool error, in the real class and replayed from its recorded results judged
+with no world as a rehearsal step is. Rerun after editing the tools:
     python examples/helpdesk/make_tasks.py
 """
 
@@ -29,6 +33,7 @@ from envace.envs.registry import resolve_world  # noqa: E402
 from envace.rollout.actors import OracleActor  # noqa: E402
 from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402
 from envace.rollout.sources import RealSource  # noqa: E402
+from envace.train.sft import RecordedSource  # noqa: E402
 
 SPEC = str(HERE / "helpdesk.py") + ":Helpdesk"
 N = 72
@@ -290,9 +295,20 @@ def examples(i: int, kind: int, target: str | None, calls: list[tuple[str, dict]
     return out
 
 
+def _episodes(tasks: list[Task], source) -> list:
+    try:
+        trajs, _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=5))
+    finally:
+        if isinstance(source, RealSource):
+            source.close()
+    return trajs
+
+
 def replay(rows: list[dict]) -> None:
-    """Each reference, run by envace in the real class, meets its checklist with no tool error;
-    its final state becomes the task's end_state guard."""
+    """Each reference, run by envace in the real class, makes its calls with no tool error; their
+    results are recorded in the row and its final state becomes the task's end_state guard. Then,
+    with the results recorded (and the guards derived from them), it meets its whole checklist in
+    the real class, and replayed from the recorded results it sees the same messages."""
     for row in rows:  # the reference's end state, from the class itself
         desk = fresh(row["env"]["args"]["seed"])
         for c in row["reference"]["calls"]:
@@ -300,17 +316,32 @@ def replay(rows: list[dict]) -> None:
         digests = table_digests(desk.query)
         digests.pop(row.pop("_free_table") or "", None)
         row["checklist"].append({"kind": "end_state", "digests": digests})
+    first = _episodes([Task.model_validate(r) for r in rows], RealSource(SPEC))
+    for row, traj in zip(rows, first):
+        results = [json.loads(m.content) for m in traj.messages if m.role == "tool"]
+        errors = [r for r in results if error_code(r)]
+        assert not errors, f"{row['id']}: the reference's calls failed in the real helpdesk: {errors}"
+        calls = row["reference"]["calls"]
+        assert len(results) == len(calls), f"{row['id']}: {len(results)} results for {len(calls)} calls"
+        for c, result in zip(calls, results):
+            c["result"] = result
     tasks = [Task.model_validate(r) for r in rows]
-    source = RealSource(SPEC)
-    try:
-        trajs, _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=5))
-    finally:
-        source.close()
-    for task_, traj in zip(tasks, trajs):
-        errors = [m.content for m in traj.messages if m.role == "tool" and error_code(json.loads(m.content))]
-        assert not errors, f"{task_.id}: the reference's calls failed in the real helpdesk: {errors}"
+    real, recorded = _episodes(tasks, RealSource(SPEC)), _episodes(tasks, RecordedSource())
+    for task_, traj, again in zip(tasks, real, recorded):
         unmet = [v for v in traj.verdicts if v.met is not True]
         assert traj.reward == 1.0 and not unmet, f"{task_.id}: reference reward {traj.reward}: {unmet}"
+        # replayed from the recorded results: what the class said, word for word
+        assert [(m.role, m.content) for m in traj.messages] == [(m.role, m.content) for m in again.messages], task_.id
+
+
+def replay_recorded(rows: list[dict]) -> None:
+    """Each reference of a task file without SQL items, replayed from its recorded results with no
+    world (as the warm start and a rehearsal-judged eval see it), meets its whole checklist."""
+    tasks = [Task.model_validate(r) for r in rows]
+    for task_, traj in zip(tasks, _episodes(tasks, RecordedSource())):
+        unmet = [v for v in traj.verdicts if v.met is not True]
+        assert traj.reward == 1.0 and not unmet, (
+            f"{task_.id}: reference reward {traj.reward} replayed from its recorded results: {unmet}")
 
 
 def main() -> None:
@@ -319,14 +350,15 @@ def main() -> None:
     for row in rows:
         row["tools"] = tools
     replay(rows)
-    path = HERE / "tasks.jsonl"
-    write_atomic(path, rows)
     # The same tasks without the items that read the class's SQLite state (state, end_state): for
     # the MCP server (no query()) and schema-only training, which refuse a task file whose state
     # items nothing can judge. The writes guard (every write's non-free arguments against the
     # reference's) still judges what they change, in every setting.
     portable = [{**r, "checklist": [i for i in r["checklist"] if i["kind"] not in ("state", "end_state")]}
                 for r in rows]
+    replay_recorded(portable)
+    path = HERE / "tasks.jsonl"
+    write_atomic(path, rows)
     write_atomic(HERE / "tasks_portable.jsonl", portable)
     test = sum(r["split"] == "test" for r in rows)
     print(f"wrote {len(rows)} tasks ({len(rows) - test} train, {test} test) to {path} and, without the SQL "
