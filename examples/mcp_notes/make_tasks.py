@@ -2,12 +2,22 @@
 tools: envace takes them from the server's listing, read-only marks (``readOnlyHint``) included.
 Expected results and the grounding examples come from the service's logic (notes.py) at the same
 seed the episode's reset tool will use.
+
+Every reference is then replayed through envace against the real server (``world.yaml``: one
+server process per episode), and each call's result is recorded in the task
+(``reference.calls[i].result``): with no world, the warm start replays the reference from those
+results, the very samples the server would give. Each reference must meet its own checklist and
+the implicit guards (reward 1.0, the ``answer_excludes`` derived from the recorded results
+included) with no tool error, against the server and replayed from its recorded results judged
+with no world as a rehearsal step is. Needs the ``mcp`` extra:
     python examples/mcp_notes/make_tasks.py
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -16,7 +26,17 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from notes import TAGS, Notes  # noqa: E402
 
+from envace.core.errors import error_code  # noqa: E402
+from envace.core.types import Task  # noqa: E402
+from envace.envs.registry import resolve_world  # noqa: E402
+from envace.rollout.actors import OracleActor  # noqa: E402
+from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402
+from envace.rollout.sources import RealSource  # noqa: E402
+from envace.train.sft import RecordedSource  # noqa: E402
+
 N = 36
+WORLD = str(HERE / "world.yaml")
+ROOT = HERE.parents[1]  # world.yaml names the server from the repository root
 
 
 def task(i: int) -> dict:
@@ -63,10 +83,53 @@ def task(i: int) -> dict:
             "reference": {"calls": [{"name": t, "arguments": a} for t, a in calls], "answer": answer}}
 
 
+def _episodes(tasks: list[Task], source) -> list:
+    try:
+        trajs, _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=5))
+    finally:
+        if isinstance(source, RealSource):
+            source.close()
+    return trajs
+
+
+def replay(rows: list[dict]) -> None:
+    """Each reference, run by envace against the server, makes its calls with no tool error; their
+    results are recorded in the row. Then, with the results recorded (and the guards derived from
+    them), it meets its whole checklist against the server, and again replayed from the recorded
+    results with no world, with the same messages."""
+    with contextlib.chdir(ROOT):
+        world = resolve_world(WORLD)
+        try:  # the tasks list no tools: a run gives them the server's listing, as here
+            tools = world.tools()
+        finally:
+            world.shutdown()
+        listed = lambda: [Task.model_validate(r).model_copy(update={"tools": tools}) for r in rows]  # noqa: E731
+        first = _episodes(listed(), RealSource(WORLD))
+        for row, traj in zip(rows, first):
+            results = [json.loads(m.content) for m in traj.messages if m.role == "tool"]
+            errors = [r for r in results if error_code(r)]
+            assert not errors, f"{row['id']}: the reference's calls failed against the server: {errors}"
+            calls = row["reference"]["calls"]
+            assert len(results) == len(calls), f"{row['id']}: {len(results)} results for {len(calls)} calls"
+            for c, result in zip(calls, results):
+                c["result"] = result
+        tasks = listed()
+        real, recorded = _episodes(tasks, RealSource(WORLD)), _episodes(tasks, RecordedSource())
+    for task_, a, b in zip(tasks, real, recorded):
+        for traj, where in ((a, "against the server"), (b, "replayed from its recorded results, judged with no world")):
+            unmet = [v for v in traj.verdicts if v.met is not True]
+            assert traj.reward == 1.0 and not unmet, f"{task_.id}: reference reward {traj.reward} {where}: {unmet}"
+        assert [(m.role, m.content) for m in a.messages] == [(m.role, m.content) for m in b.messages], task_.id
+
+
 def main() -> None:
     rows = [task(i) for i in range(N)]
-    (HERE / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"wrote {len(rows)} tasks to {HERE / 'tasks.jsonl'}")
+    replay(rows)
+    path = HERE / "tasks.jsonl"
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)  # a failed run never leaves half a file
+    print(f"wrote {len(rows)} tasks to {path}")
 
 
 if __name__ == "__main__":
