@@ -351,8 +351,9 @@ def test_the_copy_warmup_of_a_run_copies_its_real_tool_results(tmp_path):
     for extra, name in (([], "a"), (["sft.roles=[caller]"], "b")):
         run = train(load_config(_cfg(tmp_path), over + extra + ["out=" + str(tmp_path / name)]), log=lambda *_: None)
         rows = [json.loads(line) for line in (run.path / "metrics.jsonl").read_text().splitlines()]
-        copy = [r for r in rows if "copy/accuracy" in r]
+        copy = [r for r in rows if "copy/accuracy" in r and r["phase"] == "sft"]  # the summary row
         assert len(copy) == 1 and 0.0 <= copy[0]["copy/accuracy"] <= 1.0
+        assert [r["copy/step"] for r in rows if r["phase"] == "copy"] == [1, 2, 3]  # and one row per step
     with pytest.raises(ConfigError, match="sft.copy_warmup_data"):
         load_config(_cfg(tmp_path), ["sft.copy_warmup_data=1.5"])
 
