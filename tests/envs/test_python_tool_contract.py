@@ -132,7 +132,7 @@ def test_nested_parameters_get_their_full_shape_inlined(shop):
     assert params["properties"]["to"] == {
         "type": "object", "description": "Where to deliver.",
         "properties": {"street": {"type": "string"}, "postcode": {"type": "string"}, "floor": {"type": "integer"}},
-        "required": ["street", "postcode"]}
+        "required": ["street", "postcode"], "additionalProperties": False}
     lines = params["properties"]["lines"]
     assert lines["type"] == "array" and lines["items"]["properties"]["qty"] == {"type": "integer", "default": 1}
     assert lines["items"]["required"] == ["sku"]

@@ -105,13 +105,21 @@ class ToolSchemaError(ValueError):
     """A function cannot be turned into a tool schema (no type hints, an undocumented argument)."""
 
 
+def _is_typeddict(hint: Any) -> bool:
+    """A ``typing.TypedDict`` or a ``typing_extensions.TypedDict`` (``typing.is_typeddict`` does not
+    know the latter before Python 3.12, and pydantic requires it there)."""
+    import typing_extensions
+
+    return typing.is_typeddict(hint) or typing_extensions.is_typeddict(hint)
+
+
 def _is_structured(hint: Any, depth: int = 0) -> bool:
     """A hint that transformers cannot turn into a schema but pydantic can: a TypedDict, a
     dataclass or a pydantic model, alone or inside a list / dict / union / Optional."""
     if depth > 8:
         return False
     if isinstance(hint, type):
-        if typing.is_typeddict(hint) or dataclasses.is_dataclass(hint):
+        if _is_typeddict(hint) or dataclasses.is_dataclass(hint):
             return True
         try:
             from pydantic import BaseModel
@@ -125,24 +133,32 @@ def _is_structured(hint: Any, depth: int = 0) -> bool:
 
 def pydantic_hint(hint: Any, memo: dict[int, Any] | None = None) -> Any:
     """``hint`` with every ``typing.TypedDict`` rebuilt as a ``typing_extensions.TypedDict``
-    (which pydantic requires before Python 3.12), inside lists, dicts, unions and Annotated."""
+    (which pydantic requires before Python 3.12), inside lists, dicts, unions, Annotated and the
+    fields of other TypedDicts (a ``typing_extensions`` one is rebuilt only when a field changes)."""
     import typing_extensions
 
     memo = {} if memo is None else memo
     if id(hint) in memo:
         return memo[id(hint)]
-    if isinstance(hint, type) and typing.is_typeddict(hint) and type(hint) is not type(typing_extensions.TypedDict("_X", {})):
+    if isinstance(hint, type) and _is_typeddict(hint):
+        native = type(hint) is type(typing_extensions.TypedDict("_X", {}))
+        memo[id(hint)] = hint  # a recursive TypedDict refers to itself as it is
         optional = getattr(hint, "__optional_keys__", frozenset())
         marks = {typing_extensions.NotRequired, typing_extensions.Required}
-        fields = {}
+        fields, changed = {}, False
         for k, v in typing.get_type_hints(hint, include_extras=True).items():
             mark = typing.get_origin(v)
             if mark in marks:  # NotRequired[...] read from the hint itself (string annotations hide it
                 # from the class's __optional_keys__ before Python 3.12)
-                fields[k] = mark[pydantic_hint(typing.get_args(v)[0], memo)]
+                inner = typing.get_args(v)[0]
+                new = pydantic_hint(inner, memo)
+                fields[k] = mark[new]
             else:
-                v = pydantic_hint(v, memo)
-                fields[k] = typing_extensions.NotRequired[v] if k in optional else v
+                inner, new = v, pydantic_hint(v, memo)
+                fields[k] = typing_extensions.NotRequired[new] if k in optional else new
+            changed = changed or new is not inner
+        if native and not changed:
+            return hint
         out = typing_extensions.TypedDict(hint.__name__, fields)  # type: ignore[operator]
         out.__doc__ = hint.__doc__
         memo[id(hint)] = out
@@ -205,11 +221,33 @@ def _uses_ref(schema: Any) -> bool:
     return False
 
 
+def _closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object that lists its keys and says
+    nothing about others (a TypedDict, a dataclass, a pydantic model with the default ``extra``):
+    an unknown key is then refused by name, as at the top level, instead of dropped unseen. A
+    model that allows extra keys says so (``additionalProperties: true``) and keeps it."""
+    if isinstance(schema, list):
+        return [_closed(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _ONE or key in _MANY:
+            out[key] = _closed(value)
+        elif key in _MAP and isinstance(value, dict):
+            out[key] = {k: _closed(v) for k, v in value.items()}
+        else:
+            out[key] = value
+    if isinstance(out.get("properties"), dict) and out.get("type", "object") == "object":
+        out.setdefault("additionalProperties", False)
+    return out
+
+
 def pydantic_schema(hint: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the JSON schema of ``hint`` with its definitions inlined, the definitions a recursive type still needs)."""
     from pydantic import TypeAdapter
 
-    raw = TypeAdapter(pydantic_hint(hint)).json_schema()
+    raw = _closed(TypeAdapter(pydantic_hint(hint)).json_schema())
     defs = raw.pop("$defs", {}) or {}
     inlined = _inline(raw, defs)
     if not _uses_ref(inlined):
@@ -275,7 +313,8 @@ def _plain_proxy(fn: Callable[..., Any], hints: dict[str, Any], structured: dict
 
 
 def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
-    """``nullable`` is OpenAPI, not JSON Schema: spell ``x | None`` as a type that admits null."""
+    """``nullable`` is OpenAPI, not JSON Schema: spell ``x | None`` as a type that admits null (and,
+    for an enumeration, an enum that lists null: ``enum`` alone would still refuse it)."""
     if not prop.get("nullable"):
         return prop
     prop = {k: v for k, v in prop.items() if k != "nullable"}
@@ -284,6 +323,8 @@ def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
         prop["type"] = [t, "null"]
     elif isinstance(t, list) and "null" not in t:
         prop["type"] = [*t, "null"]
+    if isinstance(prop.get("enum"), list) and None not in prop["enum"]:
+        prop["enum"] = [*prop["enum"], None]
     return prop
 
 
