@@ -235,8 +235,9 @@ class _Engine:
         cp.n_batch = n_ctx
         cp.n_seq_max = n_seq
         cp.n_threads = cp.n_threads_batch = n_threads
-        # ik_llama.cpp's flash attention kernels need AVX-VNNI (the binding's own rule)
-        cp.flash_attn = "avx_vnni" in _cpu_flags()
+        # Off: ik_llama.cpp 0.1.5's flash attention with several sequences in one context aborts
+        # (GGML_ASSERT(S > 0) in iqk_fa_templates.h) or attends wrongly, even with AVX-VNNI.
+        cp.flash_attn = False
         self.ctx = C.llama_init_from_model(self.model, cp)
         if not self.ctx:
             C.llama_free_model(self.model)
@@ -250,18 +251,6 @@ class _Engine:
         if self.model:
             self.C.llama_free_model(self.model)
             self.model = None
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 _LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
