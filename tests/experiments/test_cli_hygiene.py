@@ -35,7 +35,7 @@ def test_bad_configs_are_one_line_errors(tmp_path, capsys):
     latin.write_bytes("model: caf\xe9\n".encode("latin-1"))
     assert "latin.yaml: not UTF-8" in _one_line_error(capsys, ["train", "--config", str(latin)])
     good = _cfg(tmp_path)
-    assert "not valid YAML" in _one_line_error(capsys, ["train", "--config", str(good), "--set", "x=[unclosed"])
+    assert "not valid YAML" in _one_line_error(capsys, ["train", "--config", str(good), "--set", "steps=[unclosed"])
     assert "field 'steps'" in _one_line_error(capsys, ["train", "--config", str(good), "--set", "steps=true"])
     assert "field 'grpo.lr'" in _one_line_error(capsys, ["train", "--config", str(good), "--set", "grpo.lr=fast"])
     assert load_config(good, ["grpo.lr=1e-4"]).grpo.lr == 1e-4  # YAML 1.1 would read 1e-4 as a string
