@@ -69,7 +69,10 @@ def restrict_tools(task: Task, distractors: int) -> Task:
         return task
     others = [t for t in task.tools if t.name not in need]
     keep = need | {t.name for t in random.Random(task.id).sample(others, min(distractors, len(others)))}
-    return task.model_copy(update={"tools": [t for t in task.tools if t.name in keep]})
+    # Recorded examples of tools the task no longer shows go with them (the reference's tools are
+    # always kept, so no reference call is lost): the task check refuses examples of unknown tools.
+    return task.model_copy(update={"tools": [t for t in task.tools if t.name in keep],
+                                   "examples": [e for e in task.examples if e.tool in keep]})
 
 
 def select_tasks(world: str | None, split: str = "test", limit: int | None = None,
