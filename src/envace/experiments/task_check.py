@@ -356,6 +356,7 @@ def check_tasks(checked: CheckedTasks, world: Any = None, trust_task_worlds: boo
     """Add the semantic problems of ``checked``'s tasks to it (see the module docstring).
     ``world``: the run's own world (--world / world:), for tasks that name none."""
     seen: dict[str, int | str] = {}
+    unloadable: set[str] = set()
     worlds = _Worlds()
     try:
         for rec in checked.records:
@@ -368,7 +369,12 @@ def check_tasks(checked: CheckedTasks, world: Any = None, trust_task_worlds: boo
                 found = _check_task(task, world, trust_task_worlds, worlds)
             except Exception as e:  # noqa: BLE001 - a check that fails is reported, never a traceback
                 found = [("-", f"could not be checked: {type(e).__name__}: {e}", "error")]
-            checked.problems += [Problem(rec.line, f, m, s, file=rec.file) for f, m, s in found]
+            for f, m, s in found:
+                if f == "-" and m.startswith("cannot load world"):  # the run's own world: once, not per task
+                    if m in unloadable:
+                        continue
+                    unloadable.add(m)
+                checked.problems.append(Problem(rec.line, f, m, s, file=rec.file))
         if not checked.errors and (why := unguarded_warning(checked.tasks)):  # rehearsal cannot check their writes
             checked.problems.append(Problem("-", "reference", why, "warning"))
     finally:
@@ -380,8 +386,15 @@ def load_checked_tasks(path: str | Path, world: Any = None, trust_task_worlds: b
     """Read and check a task file; ValueError (one line) on any error, TaskFileWarning for soft problems."""
     checked = check_tasks(read_task_file(path), world, trust_task_worlds)
     checked.raise_errors()
+    unjudged = [p for p in checked.warnings if p.message.endswith(UNJUDGED)]
+    if unjudged:  # one line for the file, not one per task
+        first = unjudged[0]
+        warnings.warn(f"{checked.path}: {len(unjudged)} state items will not be judged: "
+                      f"{first.message[:-len(UNJUDGED)]} (e.g. line {first.line}, {first.field})",
+                      TaskFileWarning, stacklevel=2)
     for p in checked.warnings:
-        warnings.warn(p.render(checked.path), TaskFileWarning, stacklevel=2)
+        if not p.message.endswith(UNJUDGED):
+            warnings.warn(p.render(checked.path), TaskFileWarning, stacklevel=2)
     return checked
 
 
@@ -392,6 +405,7 @@ def validate_task_file(path: str | Path, world: Any = None, trust_task_worlds: b
 
 
 Found = list[tuple[str, str, str]]  # (field, message, severity)
+UNJUDGED = "; the item will not be judged"  # a 'state' item this run cannot query: a warning, not an error
 
 
 def _check_task(task: Task, world: Any, trust: bool, worlds: _Worlds) -> Found:
@@ -460,10 +474,11 @@ def _check_task(task: Task, world: Any, trust: bool, worlds: _Worlds) -> Found:
                 err(where + ".query", why)
                 continue
             if spec is None:
-                err(where + ".query", "a 'state' item needs a real world (env.world or --world) to run in")
+                err(where + ".query", f"no real world (env.world or --world) to run it in{UNJUDGED}", "warning")
             elif usable and world_tools is not None:
                 for f, m in _compile_state(item.query, task, spec, worlds):
-                    err(where + ".query" if f == "" else f, m)
+                    # one task file may serve a class, an MCP server and a schema-only run alike
+                    err(where + ".query" if f == "" else f, m, "warning" if m.endswith(UNJUDGED) else "error")
     for i, ex in enumerate(task.examples):
         if tools and ex.tool not in tools:
             err(f"examples[{i}].tool", f"unknown tool {ex.tool!r}")
@@ -488,13 +503,13 @@ def _compile_state(sql: str, task: Task, spec: Any, worlds: _Worlds) -> list[tup
     if provider is None:
         return [("env.world", f"cannot load world {spec!r}: {failure}")]
     if getattr(provider, "kind", "") == "mcp":
-        return [("", f"world {_label(spec)} is an MCP server: it has no SQL state to query")]
+        return [("", f"world {_label(spec)} is an MCP server: it has no SQL state to query{UNJUDGED}")]
     env = provider.open(task.env or EnvRef())
     try:
         db = getattr(env, "db", None)
         if not isinstance(db, sqlite3.Connection):
             if not callable(getattr(env, "query", None)):
-                return [("", f"world {spec!r} has no SQL state to query")]
+                return [("", f"world {spec!r} has no SQL state to query{UNJUDGED}")]
             return []
         try:
             db.execute(f"EXPLAIN {sql}")
