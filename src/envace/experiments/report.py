@@ -158,8 +158,10 @@ def failure_markdown(run: RunDir) -> list[str]:
     a, b = steps[0], steps[-1]
     before = [r for r in real if r["step"] == a]
     after = [r for r in real if r["step"] == b]
-    lines = ["## Why episodes failed (real eval)", "",
-             "Each real eval episode in one class (experiments/failures.py): *no call* (no parseable tool call); "
+    # a schema-only run has no real world: its eval is judged on what each episode shows
+    which = "real" if any(r.get("source") != "rehearsal" for r in real) else "rehearsal-judged"
+    lines = [f"## Why episodes failed ({which} eval)", "",
+             f"Each {which} eval episode in one class (experiments/failures.py): *no call* (no parseable tool call); "
              "*wrong tool* (a needed tool never called, another called instead); *wrong arguments* (a needed call's "
              "tool called with other arguments); *right calls, wrong answer* (every needed call matched, an "
              "answer/state item failed); *gave up* (only needed tools called, then stopped short). Needed calls: "
