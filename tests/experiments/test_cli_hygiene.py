@@ -54,8 +54,11 @@ def test_a_run_killed_in_its_warm_start_redoes_it_on_resume(tmp_path):
     train(cfg, resume=run.path, log=lines.append)
     assert any("the SFT warm start did not finish; redoing it" in line for line in lines)
     assert (run.path / "sft").is_dir() and (run.path / "checkpoints").is_dir()
-    phases = [r["phase"] for r in RunDir.open(run.path).metrics()]
-    assert phases.count("sft") == 1 and "train" in phases
+    rows = RunDir.open(run.path).metrics()
+    phases = [r["phase"] for r in rows]
+    assert sum("sft/samples" in r for r in rows) == 1 and "train" in phases  # one warm start's summary row
+    steps = [r["sft/step"] for r in rows if "sft/loss" in r]
+    assert steps == list(range(1, len(steps) + 1)) and steps  # and its per-step rows once, not twice
 
 
 def test_a_run_killed_in_its_final_eval_redoes_it_on_resume(tmp_path):
