@@ -244,9 +244,6 @@ class JudgeConfig(_Section):
 class TrainConfig(_Section):
     model: str = Field("smollm2", description="the policy: smollm2, tiny, llama:HIDDENxLAYERS (from scratch) or "
                        "a local HF model dir")
-    trust_task_worlds: bool = Field(False, description="let the task file's own env.world entries run code (mcp: "
-                                    "commands, MCP URLs, .py files, import paths); refused by default: a task "
-                                    "file is data (docs/tasks.md)")
     sim_model: str | None = Field(None, description="frozen simulator for source=simulator (default: the start model)")
     seed: int = Field(0, description="seeds task sampling, rollouts and the warm start's data")
     worlds: list[str] = Field(default_factory=lambda: ["shop", "calendar", "bank"],
@@ -258,6 +255,9 @@ class TrainConfig(_Section):
         "package.module:Name or path/to/tools.py[:Class], mcp:COMMAND, an http(s) MCP URL, or a mapping of "
         "MCP settings (command/url, timeout_s, reset_tool, ...). Without one, schema-only tasks train by "
         "rehearsal and the eval is rehearsal-judged")
+    trust_task_worlds: bool = Field(False, description="let the task file's own env.world entries run code (mcp: "
+                                    "commands, MCP URLs, .py files, import paths); refused by default: a task "
+                                    "file is data (docs/tasks.md)")
     judge: JudgeConfig | None = Field(None, description="LLM judge for `judge` checklist items (none: they are "
                                       "not judged and do not count)")
     difficulties: list[int] | None = Field(None, description="task difficulty levels to use (default: all)")
