@@ -132,7 +132,9 @@ class PromptStyle(BaseModel):
     # strict and closed as every config section: a typo or a string number is an error
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    tool_format: ToolFormat = "compact"
+    tool_format: ToolFormat = Field("compact", description="how the tool list is rendered in the caller's "
+                                    "prompt: compact (one signature a tool), json (the schemas) or native (the "
+                                    "model's own chat template, where it takes tools)")
     max_examples: int = Field(3, ge=0, description="real call/result pairs shown to the simulator")
     max_history_results: int = Field(6, ge=0, description="earlier results of this episode shown to the simulator")
     prefill_result_tag: bool = Field(True, description="start the simulator's answer with <execution_result>")

@@ -33,16 +33,19 @@ class UpdateSettings(BaseModel):
     # strict and closed as every config section: a typo or a string number is an error
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    lr: float = Field(1e-4, gt=0)
-    clip: float = Field(0.2, gt=0)
-    agg: LossAgg = "token_mean"
-    kl_coef: float = Field(0.0, ge=0)
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the GRPO update (peak, after the ramp)")
+    clip: float = Field(0.2, gt=0, description="PPO clip range of the probability ratio (1 +/- clip)")
+    agg: LossAgg = Field("token_mean", description="how token losses are averaged: token_mean (every generated "
+                         "token weighs the same) or seq_mean (each sample's mean, then the mean of samples)")
+    kl_coef: float = Field(0.0, ge=0, description="weight of a KL penalty to the start policy (0: none, as the "
+                           "reference run)")
     anchor_coef: float = Field(0.0, ge=0, description="weight of the warm-start anchor in every update: the mean "
                                "token NLL of `anchor_samples` SFT samples of the warm start's oracle trajectories "
                                "(drawn per step), added to the GRPO loss; holds what groups that all succeed give "
                                "no gradient for. 0: off")
-    caller_weight: float = Field(1.0, ge=0)
-    simulator_weight: float = Field(1.0, ge=0)
+    caller_weight: float = Field(1.0, ge=0, description="weight of the caller role's loss in the summed objective")
+    simulator_weight: float = Field(1.0, ge=0, description="weight of the rehearse (simulator) role's loss in the "
+                                    "summed objective")
     micro_batch_tokens: int = Field(4096, ge=64, description="padded input tokens (rows x longest row) per forward")
     ppo_epochs: int = Field(1, ge=1, description="optimiser steps on the same batch (one per epoch)")
     max_grad_norm: float | None = Field(1.0, description="None: no clipping (the norm is still reported)")
