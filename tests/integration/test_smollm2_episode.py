@@ -28,7 +28,8 @@ def test_smollm2_completes_an_episode_against_the_real_world(smollm2):
 
 def test_smollm2_rehearses_tool_responses(smollm2):
     task = load_tasks("bank", "test", limit=1)[0]
-    source = ModelSource(smollm2, max_new_tokens=48, temperature=0.0)
+    # every response generated: a call matching a recorded example would be answered as recorded
+    source = ModelSource(smollm2, max_new_tokens=48, temperature=0.0, examples_as_recorded=False)
     [traj], _ = run_episodes([task], OracleActor(), source, RolloutConfig(max_turns=1))
     [sim] = [s for s in traj.samples if s.role == "simulator"]
     assert sim.gen_ids and len(sim.logprobs) == len(sim.gen_ids)
