@@ -69,7 +69,7 @@ def _config(tmp: Path) -> Path:
         "grpo": {"lr": 1e-3},
         "lora": {"enabled": True, "r": 2, "alpha": 4},
         "sft": {"trajectories": 2, "epochs": 1},
-        "eval": {"every": 0, "tasks": EVAL_TASKS},
+        "eval": {"every": 0, "tasks": EVAL_TASKS, "samples": 1},  # set: a task file would get fitted samples
         "checkpoint": {"every": 1, "keep_last": 3},
         "out": str(tmp / "runs"),
     }
