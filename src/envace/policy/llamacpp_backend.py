@@ -113,32 +113,16 @@ def _encode(t: "torch.Tensor", kind: str) -> tuple[np.ndarray, Any]:
 
 
 def quantize_blocks(t: "torch.Tensor", kind: str) -> np.ndarray:
-    """``t`` [rows, cols] in ggml's Q8_0 or Q4_1 blocks of 32, as uint8 [rows, bytes per row]:
-    the arithmetic of ``gguf.quants`` (bit for bit), in whole-tensor torch ops, which use every
-    thread and skip its per-16-rows Python loop."""
+    """``t`` [rows, cols] in ggml's Q8_0 or Q4_1 blocks of 32, as uint8 [rows, bytes per row], by the
+    ``gguf`` package's own quantiser (what llama.cpp's converter writes)."""
     import torch
+    from gguf import GGMLQuantizationType, quants
 
-    rows, cols = t.shape
-    if cols % 32:
-        raise ValueError(f"{kind} needs rows of a multiple of 32 values, got {cols}")
-    b = t.detach().to(torch.float32).reshape(-1, 32)
-    zero = torch.zeros((), dtype=torch.float32)
-    if kind == "Q8_0":
-        d = b.abs().amax(dim=1, keepdim=True) / 127
-        x = b * torch.where(d == 0, zero, 1 / d)
-        # round half away from zero (gguf's np_roundf); |x| <= 127, so |x| + 0.5 is exact
-        q = x.abs().add_(0.5).floor_().copysign_(x).to(torch.int8)
-        out = torch.cat([d.to(torch.float16).view(torch.uint8), q.view(torch.uint8)], dim=1)
-    elif kind == "Q4_1":
-        hi, lo = b.amax(dim=1, keepdim=True), b.amin(dim=1, keepdim=True)
-        d = (hi - lo) / 15
-        q = torch.trunc((b - lo) * torch.where(d == 0, zero, 1 / d) + 0.5).clamp(0, 15).to(torch.uint8)
-        q = q.reshape(-1, 2, 16)
-        packed = q[:, 0, :] | (q[:, 1, :] << 4)
-        out = torch.cat([d.to(torch.float16).view(torch.uint8), lo.to(torch.float16).view(torch.uint8), packed], dim=1)
-    else:
+    if kind not in ("Q8_0", "Q4_1"):
         raise ValueError(f"no block quantisation {kind!r}")
-    return out.reshape(rows, -1).numpy()
+    if t.shape[-1] % 32:
+        raise ValueError(f"{kind} needs rows of a multiple of 32 values, got {t.shape[-1]}")
+    return quants.quantize(t.detach().to(torch.float32).numpy(), GGMLQuantizationType[kind])
 
 
 def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path: Path, quant: str = "F32",
