@@ -113,6 +113,10 @@ def test_the_smoke_config_runs_end_to_end(tmp_path, capsys):
     # The last train line: the train phase is done, the final eval is timed by the step-0 eval.
     assert re.search(r"^train \[2/3\] 2/2 .* \| job eta \d+s$", out, re.M), out
     assert f"look at the results: cat {run / 'summary.md'}" in out
+    # A newcomer reads a warning as a failure: the setup check prints none (its toy model's cut-off
+    # turns are expected), and the eval prints as a table, not a Python dict.
+    assert "warning" not in out.lower(), [line for line in out.splitlines() if "warning" in line.lower()]
+    assert "{'" not in out
 
 
 def test_the_job_eta_adds_the_timed_later_phases_and_names_the_untimed_ones():

@@ -329,6 +329,10 @@ def test_the_truncation_warning_says_when_cut_off_turns_are_decoding_loops(tmp_p
     assert len(said) == 1 and "2 of the 3 were repeating themselves" in said[0]
     assert "rollout.simulator_temperature" in said[0] and "raise the cap" not in said[0]
     assert len(long) == 1 and long[0].endswith("raise the cap")
+    quiet = []
+    off = load_config(_cfg(tmp_path), ["rollout.truncation_warnings=false"])
+    TruncationWatch(off, quiet.append).add([traj([loop, loop, list(range(99))])])
+    assert quiet == []
 
 
 @pytest.mark.parametrize("name", ["demo", "compare", "compare_smollm2", "smollm2_cpu", "bfcl_rehearsal", "smoke"])

@@ -72,6 +72,9 @@ class RolloutSettings(_Section):
     examples_as_recorded: bool = Field(True, description="a rehearsed call that matches one of the task's "
                                        "recorded examples (same tool, same arguments after JSON normalisation) is "
                                        "answered with the recorded result, not generated")
+    truncation_warnings: bool = Field(True, description="say once per role when more than 10% of its turns "
+                                      "(or of the warm start's turns) stop at the token cap (off for runs not meant to learn, such as "
+                                      "configs/smoke.yaml; the eval table's truncated/* rows still count them)")
     example_reward: bool = Field(False, description="rehearse-role samples of calls that match a recorded "
                                  "example are rewarded by how well they reproduce the recorded result (0..1, "
                                  "centred in a pool of their own) instead of by the trajectory's reward")

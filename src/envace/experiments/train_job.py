@@ -306,7 +306,7 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     for role, lengths in target_turn_lengths(samples).items():
         cap = getattr(cfg.rollout, f"{role}_max_new_tokens")
         over = sum(n > cap for n in lengths) / len(lengths)
-        if over > TRUNCATION_WARN:
+        if over > TRUNCATION_WARN and cfg.rollout.truncation_warnings:
             log(f"warning: {over:.0%} of the oracle's {role} turns are longer than rollout.{role}_max_new_tokens="
                 f"{cap} (longest {max(lengths)} tokens): the policy cannot write them whole; raise the cap")
     t0 = time.perf_counter()
@@ -671,7 +671,8 @@ class TruncationWatch:
         for role, new in truncation_counts(trajectories).items():
             c = self.counts.setdefault(role, Truncation())
             c.cut, c.looped, c.turns = c.cut + new.cut, c.looped + new.looped, c.turns + new.turns
-            if c.cut > TRUNCATION_WARN * c.turns and role not in self.warned:
+            if (c.cut > TRUNCATION_WARN * c.turns and role not in self.warned
+                    and self.cfg.rollout.truncation_warnings):
                 self.warned.add(role)
                 self.log(self.message(role, c))
 
