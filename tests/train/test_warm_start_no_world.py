@@ -285,14 +285,25 @@ def test_defaults_the_user_did_not_set_are_fitted_to_the_task_file_and_printed(p
                        ("rollout.simulator_max_new_tokens", cfg.rollout.simulator_max_new_tokens),
                        ("sft.epochs", 10), ("eval.samples", "8 at eval.temperature=0.5")):
         assert f"{key}={value} (" in line
+    # The recipe that learned on the embedded worlds, for what the user left unset, each said.
+    assert (cfg.rollout.temperature, cfg.rollout.simulator_temperature) == (0.7, 0.0)
+    assert (cfg.grpo.anchor_coef, cfg.grpo.warmup_steps, cfg.grpo.norm_by_std) == (1.0, 3, True)
+    assert cfg.eval.every == cfg.steps // 2
+    for key in ("rollout.temperature=0.7 (", "grpo.anchor_coef=1.0 (", f"eval.every={cfg.steps // 2} ("):
+        assert key in line
+    from envace.policy.loading import bf16_is_fast
+    assert (cfg.mixed_precision == "bf16") == bf16_is_fast("cpu") == ("mixed_precision=bf16" in line)
     plan = dict(job_plan(cfg, False))
     assert "x 10 epochs" in plan["sft"] and plan["final eval"].endswith("2 tasks x 8 episodes")
     # What the user set stays as set, and is not mentioned.
     said.clear()
-    mine = load_config(None, ["model=tiny", "rollout.caller_max_new_tokens=40", "sft.epochs=3", "eval.temperature=0"],
+    mine = load_config(None, ["model=tiny", "rollout.caller_max_new_tokens=40", "sft.epochs=3", "eval.temperature=0",
+                              "rollout.temperature=1.0", "grpo.anchor_coef=0", "mixed_precision=no"],
                        values={"task_file": str(path)})
     kept = fitted_to_data(mine, said.append)
     assert (kept.rollout.caller_max_new_tokens, kept.sft.epochs, kept.eval.samples) == (40, 3, 1)
+    assert (kept.rollout.temperature, kept.grpo.anchor_coef, kept.mixed_precision) == (1.0, 0.0, "no")
+    assert "rollout.temperature=" not in said[0] and "anchor_coef" not in said[0] and "mixed_precision" not in said[0]
     assert kept.rollout.simulator_max_new_tokens == cfg.rollout.simulator_max_new_tokens
     assert "caller_max_new_tokens" not in said[0] and "sft.epochs" not in said[0] and "eval.samples" not in said[0]
     # The embedded worlds keep the shipped defaults.

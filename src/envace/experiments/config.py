@@ -327,6 +327,11 @@ class TrainConfig(_Section):
         "whole-weight copy for rollouts and evals, refreshed after every step (docs/scaling.md). One process: "
         "ignored")
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _no_is_not_false(cls, v: Any) -> Any:
+        return "no" if v is False else v  # YAML reads a bare `no` (and --set mixed_precision=no) as false
+
     @field_validator("memory_episodes")
     @classmethod
     def _memory_below_group(cls, v: int, info: ValidationInfo) -> int:

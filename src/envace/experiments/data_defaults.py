@@ -96,8 +96,41 @@ def measuring_tokenizer(model: str) -> tuple[Any, str]:
     return smollm2_tokenizer(), "" if named else " (counted with SmolLM2's tokenizer)"
 
 
+def _recipe(cfg: TrainConfig, bf16: bool, anchor: bool) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The SmolLM2 recipe that learned on the embedded worlds (configs/smollm2_cpu.yaml), for the
+    settings a task-file run left unset: after a short warm start a small model's T=1 samples are
+    mostly not tool calls, a sampled rehearsed world is mostly noise, RL without the warm start's
+    anchor unlearns what the start solved, and a fresh Adam at full rate can collapse the policy in
+    one update. bf16 where this machine computes it natively; evals at the start, half-way and the
+    end (each scores the policy twice: real and rehearsal-judged)."""
+    out: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+
+    def take(section: str, key: str, value: Any, why: str) -> None:
+        given = (cfg if not section else getattr(cfg, section)).model_fields_set
+        if key not in given:
+            out.setdefault(section, {})[key] = value
+            notes.append(f"{section + '.' if section else ''}{key}={value}{why}")
+
+    take("rollout", "temperature", 0.7, " (a small model's T=1 samples after a short warm start are mostly "
+         "not tool calls)")
+    take("rollout", "simulator_temperature", 0.0, " (a greedy rehearsed world: a real API answers a call "
+         "the same way each time)")
+    if anchor:  # the anchor's samples are the warm start's: it needs tasks the warm start can replay
+        take("grpo", "anchor_coef", 1.0, " (each update also fits warm-start samples, so RL keeps what SFT taught)")
+    take("grpo", "warmup_steps", 3, "")
+    take("grpo", "norm_by_std", True, "")
+    if bf16:
+        take("", "mixed_precision", "bf16", " (this machine computes bf16 natively: about twice as fast)")
+        take("rollout", "dtype", "bfloat16", "")
+    if cfg.steps >= 4 and cfg.eval.every and "every" not in cfg.eval.model_fields_set:
+        take("eval", "every", cfg.steps // 2, " (start, half-way and end: each eval runs real and "
+             "rehearsal-judged)")
+    return out, notes
+
+
 def fit_to_data(cfg: TrainConfig, pool: Sequence[Task], replayable: Sequence[Task], eval_tasks: int,
-                tokenizer: Any = None, counted: str = "") -> Fitted:
+                tokenizer: Any = None, counted: str = "", bf16: bool = False) -> Fitted:
     """``cfg`` with the settings the user did not set fitted to a task file's ``pool`` (the train
     tasks), ``replayable`` (those the warm start can replay, in its order) and ``eval_tasks`` (how
     many held-out tasks the eval runs). Unchanged for the embedded worlds and benchmarks, whose
@@ -139,7 +172,15 @@ def fit_to_data(cfg: TrainConfig, pool: Sequence[Task], replayable: Sequence[Tas
             notes.append(f"eval.samples={ev['samples']} at eval.temperature={temperature} ({eval_tasks} held-out "
                          f"tasks: one greedy episode each moves in steps of {1 / eval_tasks:.2f}; "
                          f"{ev['samples'] * eval_tasks} sampled episodes show a smaller gain)")
-    update: dict[str, Any] = {}
+    recipe, why = _recipe(cfg, bf16, anchor=bool(replayable))
+    for section, values in recipe.items():
+        target = {"rollout": rollout, "eval": ev}.get(section)
+        if target is not None:
+            target.update(values)
+    notes += why
+    update: dict[str, Any] = {k: v for k, v in recipe.get("", {}).items()}
+    if "grpo" in recipe:
+        update["grpo"] = cfg.grpo.model_copy(update=recipe["grpo"])
     if rollout:
         update["rollout"] = cfg.rollout.model_copy(update=rollout)
     if sft:

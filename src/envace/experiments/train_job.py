@@ -515,7 +515,10 @@ def fitted_to_data(cfg: TrainConfig, log: Any = None) -> TrainConfig:
     pool = train_tasks(cfg)
     n_eval, _ = _eval_size(cfg)
     tokenizer, counted = measuring_tokenizer(cfg.model)
-    fitted = fit_to_data(cfg, pool, sft_tasks(cfg, pool), n_eval, tokenizer, counted)
+    from envace.policy.loading import bf16_is_fast
+
+    fitted = fit_to_data(cfg, pool, sft_tasks(cfg, pool), n_eval, tokenizer, counted,
+                         bf16=bf16_is_fast(cfg.device))
     if fitted.notes and log is not None:
         log("fitted to the task file (set any of these to choose otherwise): " + "; ".join(fitted.notes))
     return fitted.cfg

