@@ -89,3 +89,26 @@ def test_grpo_step_is_unchanged_by_prefix_sharing(monkeypatch, merge_turns):
         assert s1[key] == pytest.approx(s0[key], rel=1e-4, abs=1e-6)
     for a, b in zip(w1, w0):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_the_vocabulary_head_in_chunks_gives_the_same_logprobs_and_gradients():
+    """The head runs over a few scored positions at a time, each chunk recomputed in the backward
+    (never a [positions x vocabulary] tensor of the whole micro-batch): the log-probs, entropies
+    and gradients are what one pass over all positions gives, role temperatures included."""
+    model = make_tiny_model(1)
+    packed = pack_samples(grouped_batch(model, seed=3))
+    n = int(packed.token_mask.sum())
+    results = []
+    for chunk in (10**9, 4, 1):
+        model.zero_grad(set_to_none=True)
+        logp, ent = grpo_loss_module.token_logprobs(model, packed, temperature={"caller": 0.8, "simulator": 1.0},
+                                                    with_entropy=True, head_chunk=chunk)
+        (logp * packed.advantages[:, None]).sum().backward()
+        results.append((logp.detach(), ent, [p.grad.clone() for p in model.parameters()]))
+    assert n > 4  # several chunks really ran
+    want = results[0]
+    for got in results[1:]:
+        torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(got[1], want[1], atol=1e-6, rtol=0)
+        for g, w in zip(got[2], want[2]):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from transformers import DynamicCache
 
@@ -28,6 +29,9 @@ Temperature = float | Mapping[Role, float]
 # the forward's compute dtype: "no" fp32 throughout; "bf16" autocast (weights, gradients and the
 # optimiser state stay fp32, as accelerate's mixed_precision "bf16" means)
 MixedPrecision = Literal["no", "bf16"]
+# Scored positions per vocabulary-head chunk: SmolLM2's [1024 x 49,152] fp32 logits are 200 MB, and
+# the softmax's backward holds about three such tensors.
+HEAD_CHUNK = 1024
 
 
 def _forward_kwargs(model: nn.Module) -> set[str]:
@@ -78,6 +82,7 @@ def token_logprobs(
     temperature: Temperature = 1.0,
     with_entropy: bool = False,
     share_prefixes: bool = True,
+    head_chunk: int = HEAD_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``packed.targets`` under ``log_softmax(logits / temperature)``: [B, W] float32
     (0 where ``token_mask`` is False).
@@ -89,7 +94,9 @@ def token_logprobs(
     For HF models the vocabulary head runs only at the generated positions: the head is the
     largest matmul by far (49k columns for SmolLM2) and prompts of different lengths make the
     score window mostly prompt, so this is what keeps a micro-batch fast and small (figures:
-    docs/results.md, Performance).
+    docs/results.md, Performance). It runs over ``head_chunk`` positions at a time, each recomputed
+    in the backward when there are several, so no [positions x vocabulary] tensor of the whole
+    micro-batch is ever held.
     """
     device = model_device(model)
     mask = packed.token_mask.to(device)
@@ -102,16 +109,37 @@ def token_logprobs(
     # window_start + j - offset[row] of ``hidden`` (offset: the row's shared prefix, if any).
     rows, cols = mask.nonzero(as_tuple=True)
     h = hidden[rows, packed.window_start + cols - offset[rows]]
+    targets = packed.targets.to(device)[mask]
+    picked, ents = [], []
+    for i in range(0, len(rows), head_chunk):
+        part = slice(i, i + head_chunk)
+        if len(rows) > head_chunk and torch.is_grad_enabled() and h.requires_grad:
+            # Recomputed in the backward: only the chunk's hidden states are kept, never a
+            # [positions x vocabulary] tensor for the whole micro-batch.
+            picked.append(torch.utils.checkpoint.checkpoint(_head_logprobs, head, h[part], targets[part], packed,
+                                                            temperature, rows[part], use_reentrant=False))
+            logits = None
+        else:
+            logits = _scaled(head(h[part]).float(), packed, temperature, rows[part])
+            picked.append(logits.gather(-1, targets[part].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1))
+        if with_entropy:
+            with torch.no_grad():
+                if logits is None:
+                    logits = _scaled(head(h[part]).float(), packed, temperature, rows[part])
+                ents.append(torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1))
+
+    def scatter(values: list[torch.Tensor]) -> torch.Tensor:
+        zeros = torch.zeros(mask.shape, dtype=torch.float32, device=device)
+        return zeros.masked_scatter(mask, torch.cat(values)) if values else zeros
+
+    return scatter(picked), (scatter(ents) if with_entropy else None)
+
+
+def _head_logprobs(head: nn.Module, h: torch.Tensor, targets: torch.Tensor, packed: PackedBatch,
+                   temperature: Temperature, rows: torch.Tensor) -> torch.Tensor:
+    """log_softmax(head(h) / T) at ``targets``: one chunk of scored positions, in fp32."""
     logits = _scaled(head(h).float(), packed, temperature, rows)
-    lse = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(-1, packed.targets.to(device)[mask].unsqueeze(-1)).squeeze(-1) - lse
-    logp = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, picked)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-            entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, ent)
-    return logp, entropy
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def _decoder_hidden(
