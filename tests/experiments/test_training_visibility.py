@@ -162,6 +162,11 @@ def test_the_warm_start_logs_a_row_per_step_to_metrics_and_trackers(tmp_path):
     assert all(r["sft/lr"] > 0 and r["sft/loss"] > 0 and r["step"] == 0 for r in sft)
     # the warm start's summary row is still there for the report
     assert any("sft/samples" in r for r in rows) and "SFT warm start:" in (run.path / "summary.md").read_text()
+    # every row carries the process's memory, its peak never falling, and the report places it by phase
+    peaks = [r["mem/peak_rss_gib"] for r in rows]
+    assert all(0.05 < r["mem/rss_gib"] <= r["mem/peak_rss_gib"] + 0.01 for r in rows if "mem/rss_gib" in r)
+    assert peaks == sorted(peaks) and peaks[-1] > 0.05
+    assert "Peak resident memory by the end of each phase (GiB): copy " in (run.path / "summary.md").read_text()
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -223,6 +223,16 @@ def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-
     return path
 
 
+def peak_memory_by_phase(rows: list[dict]) -> dict[str, float]:
+    """The process's peak resident memory as it stood at the last row of each phase, in the order
+    the phases first appear (a high-water mark: a phase that adds nothing shows the one before)."""
+    out: dict[str, float] = {}
+    for r in rows:
+        if "mem/peak_rss_gib" in r:
+            out[str(r.get("phase", "?"))] = float(r["mem/peak_rss_gib"])
+    return out
+
+
 def write_train_report(run: RunDir) -> Path:
     rows = run.metrics()
     cfg = run.config()
@@ -240,6 +250,9 @@ def write_train_report(run: RunDir) -> Path:
         lines.append(f"SFT warm start: {s['sft/samples']} samples, loss {s['sft/first_loss']:.3f} -> "
                      f"{s['sft/last_loss']:.3f} in {s['sft/seconds']:.0f} s")
         lines.append("")
+    if memory := peak_memory_by_phase(rows):
+        lines += ["Peak resident memory by the end of each phase (GiB): "
+                  + ", ".join(f"{phase} {gib:.2f}" for phase, gib in memory.items()), ""]
     if ev:
         if ev[-1].get("eval_kind") == "rehearsal":
             lines += ["## Rehearsal-judged evaluation (no real environment)", "",

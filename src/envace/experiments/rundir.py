@@ -89,7 +89,9 @@ class RunDir:
         return [Trajectory.model_validate(d) for d in read_jsonl_dicts(self.path / name)]
 
     def log_metrics(self, row: dict[str, Any]) -> None:
-        append_jsonl(self.path / "metrics.jsonl", [row])
+        """One row; every row also carries the process's memory then (``mem/rss_gib``) and its
+        high-water mark so far (``mem/peak_rss_gib``), so a run's peak is placed in its phase."""
+        append_jsonl(self.path / "metrics.jsonl", [{**row, **memory_now()}])
 
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl_dicts(self.path / "metrics.jsonl")
@@ -97,3 +99,22 @@ class RunDir:
     def write_text(self, name: str, text: str) -> Path:
         atomic_write_text(self.path / name, text)
         return self.path / name
+
+
+def memory_now() -> dict[str, float]:
+    """Resident memory of this process now and at its peak so far, in GiB (Linux; elsewhere the
+    peak only, or nothing)."""
+    out: dict[str, float] = {}
+    try:
+        import resource
+
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        out["mem/peak_rss_gib"] = round(peak_kib / 2**20, 3)
+    except (ImportError, OSError):  # not a POSIX system: no figure rather than a wrong one
+        pass
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        out["mem/rss_gib"] = round(pages * os.sysconf("SC_PAGE_SIZE") / 2**30, 3)
+    except (OSError, ValueError, IndexError):  # no /proc (not Linux)
+        pass
+    return out
