@@ -332,3 +332,28 @@ def test_a_warm_start_trained_on_other_tasks_starts_a_run_on_a_new_task_file(pan
     a, b = (load_file(str(resolve_checkpoint(p) / "adapter_model.safetensors")) for p in (made / "sft", run.path / "sft"))
     assert a.keys() == b.keys() and a and all(a[k].equal(b[k]) for k in a)
     assert any(v.abs().sum() > 0 for k, v in a.items() if "lora_B" in k)  # the warm start trained the adapter
+
+
+def test_a_schema_only_run_is_evaluated_against_the_real_tools_with_eval_world(pantry, tmp_path):
+    """``eval.world``: training never touches a world (the warm start from recorded results, nothing
+    replayed), the evals run in the real class, real-world judged, paired with a rehearsal-judged run."""
+    rows = _recorded(pantry["rows"], pantry["spec"])
+    path = _write(tmp_path / "t.jsonl", rows)
+    run, lines = _train(tmp_path, "eval-world", path, "eval.at_start=true", "eval.samples=1", "eval.temperature=0",
+                        f"eval.world={pantry['spec']}")
+    assert _sft_row(run)["sft/replays_from_records"] == 6  # the warm start saw no world
+    assert any(f"evaluation: real-world on 2 test tasks (world {pantry['spec']})" in x for x in lines), lines
+    assert {r["eval_kind"] for r in run.metrics() if r["phase"] == "eval"} == {"real"}
+    evals = [json.loads(x) for x in (run.path / "evals.jsonl").read_text().splitlines()]
+    assert {e["source"] for e in evals} == {"real"}
+    # without it the same run is judged by rehearsal
+    run, lines = _train(tmp_path, "no-eval-world", path, "eval.at_start=true", "eval.samples=1", "eval.temperature=0")
+    assert {r["eval_kind"] for r in run.metrics() if r["phase"] == "eval"} == {"rehearsal"}
+    from envace.experiments.config import load_config
+    from envace.experiments.tasksets import WorldTasks
+    from envace.experiments.train_job import rl_tasks
+
+    cfg = load_config(None, ["model=tiny", "source=real", f"world={pantry['spec']}", f"eval.world={tmp_path}/x.py:X"],
+                      values={"task_file": str(path)})
+    with pytest.raises(ValueError, match="eval.world: with source real"):
+        WorldTasks.load(cfg, rl_tasks)

@@ -201,6 +201,10 @@ class EvalConfig(_Section):
     samples: int = Field(1, ge=1, description="episodes per task; with temperature > 0 success is averaged over "
                          "them: an estimate of the sampling policy's success, far less noisy than one greedy "
                          "episode per task (a greedy eval moves in whole tasks)")
+    world: str | dict[str, Any] | None = Field(
+        None, description="the real environment the evals run in, when training has none (world: null, a "
+        "schema-only run evaluated against the real tools) or another one; the same forms as the top-level "
+        "world. None: the run's world")
     rehearsal_gap: bool = Field(True, description="where the eval tasks have a real world, also run them with the "
                                 "policy rehearsing the responses (judged as a rehearsal step judges) and measure "
                                 "its fidelity on the real calls and the recorded examples: eval/rehearsal_success "

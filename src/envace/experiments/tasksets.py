@@ -25,7 +25,8 @@ from envace.experiments.bench_train import BenchTaskSet, bench_episodes, bench_t
 from envace.experiments.config import TrainConfig
 from envace.experiments.factory import GenerationSettings, make_source
 from envace.experiments.tasks import select_tasks
-from envace.rollout.engine import log_turns, run_episodes
+from envace.rollout.engine import run_episodes
+from envace.rollout.stats import log_turns
 from envace.rollout.sources import RealSource, ResponseSource
 from envace.testtime.memory import make_memory_writer
 from envace.testtime.rehearsal import episodes_with_memory
@@ -39,14 +40,22 @@ def train_tasks(cfg: TrainConfig) -> list[Task]:
                         trust_task_worlds=cfg.trust_task_worlds)
 
 
+def eval_world(cfg: TrainConfig) -> Any:
+    """The real environment of the evals: ``eval.world`` where given (a schema-only run evaluated
+    against the real tools), else the run's."""
+    return cfg.eval.world if cfg.eval.world is not None else cfg.world
+
+
 def eval_tasks(cfg: TrainConfig) -> list[Task]:
     return select_tasks(",".join(cfg.worlds), cfg.eval.split, cfg.eval.tasks, cfg.task_file, cfg.difficulties,
-                        cfg.tool_distractors, cfg.n_examples, cfg.grounding, cfg.tasks_per_world, real_world=cfg.world,
-                        trust_task_worlds=cfg.trust_task_worlds)
+                        cfg.tool_distractors, cfg.n_examples, cfg.grounding, cfg.tasks_per_world,
+                        real_world=eval_world(cfg), trust_task_worlds=cfg.trust_task_worlds)
 
 
-def has_real_world(task: Task, cfg: TrainConfig) -> bool:
-    return (task.env is not None and task.env.world is not None) or cfg.world is not None
+def has_real_world(task: Task, cfg: TrainConfig, world: Any = None) -> bool:
+    """Whether ``task`` has a real environment: its own, or ``world`` (default: the run's)."""
+    world = cfg.world if world is None else world
+    return (task.env is not None and task.env.world is not None) or world is not None
 
 
 def eval_kind(cfg: TrainConfig, tasks: list[Task]) -> EvalKind:
@@ -55,7 +64,7 @@ def eval_kind(cfg: TrainConfig, tasks: list[Task]) -> EvalKind:
     judged on what a trajectory shows (called / answer_contains / judge items)."""
     if cfg.bench is not None:
         return "real"
-    real = [has_real_world(t, cfg) for t in tasks]
+    real = [has_real_world(t, cfg, eval_world(cfg)) for t in tasks]
     if all(real):
         return "real"
     if not any(real):
@@ -139,7 +148,10 @@ class WorldTasks(TaskSet):
         if cfg.source == "real" and not all(has_real_world(t, cfg) for t in pool):
             raise ValueError("source real: the train tasks have no real world; give the run one (--world / world:) "
                              "or train by rehearsal")
-        return cls(cfg, pool, held_out, eval_kind(cfg, held_out), RealSource(cfg.world))
+        if cfg.source == "real" and cfg.eval.world is not None and cfg.eval.world != cfg.world:
+            raise ValueError("eval.world: with source real the run's world answers training and eval alike; set "
+                             "world: to it, not eval.world")
+        return cls(cfg, pool, held_out, eval_kind(cfg, held_out), RealSource(eval_world(cfg)))
 
     def play(self, tasks: list, actor: Any, source: ResponseSource | None, backend: Any, seed: int | None,
              judge: Any = None) -> tuple[list[Trajectory], float]:
@@ -171,7 +183,8 @@ class WorldTasks(TaskSet):
         if self.kind == "rehearsal":
             return (f"evaluation: rehearsal-judged on {n} {cfg.eval.split} tasks (no real environment: the policy "
                     "rehearses the tool responses; only called / answer_contains / judge items count)")
-        where = f"world {spec_label(cfg.world)}" if cfg.world is not None else "the tasks' own worlds"
+        world = eval_world(cfg)
+        where = f"world {spec_label(world)}" if world is not None else "the tasks' own worlds"
         return f"evaluation: real-world on {n} {cfg.eval.split} tasks ({where})"
 
 

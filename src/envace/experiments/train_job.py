@@ -35,7 +35,7 @@ from envace.experiments.gap import GapParts, failure_metrics, gap_metrics, gap_s
 from envace.experiments.progress import JobClock, StepProgress, metrics_table
 from envace.experiments.report import write_train_report
 from envace.experiments.rundir import RunDir
-from envace.experiments.tasksets import (EvalKind, TaskSet, WorldTasks, eval_kind, eval_tasks, real_eval_tasks,
+from envace.experiments.tasksets import (EvalKind, TaskSet, WorldTasks, eval_kind, eval_tasks, eval_world, real_eval_tasks,
                                          sampled_pool, task_set, train_tasks)
 from envace.experiments.train_step import Trainer, own_forward_logprobs, train_step
 from envace.policy.data_tokenizer import train_data_tokenizer
@@ -155,7 +155,7 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
                                   kv_reuse_tokens=cfg.rollout.kv_reuse_tokens)
     mine, actor = dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed)
     k = cfg.eval.samples
-    ts = task_set or WorldTasks(cfg, [], tasks, kind, RealSource(cfg.world))
+    ts = task_set or WorldTasks(cfg, [], tasks, kind, RealSource(eval_world(cfg)))
     try:
         trajs = ts.evaluate(mine, actor, backend, gen, cfg.seed, judge=judge, log=log)
     finally:
