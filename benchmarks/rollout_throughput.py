@@ -51,7 +51,7 @@ from envace.core.sampling import Generation, SamplingParams  # noqa: E402
 from envace.policy.transformers_backend import TransformersBackend, pad_rows  # noqa: E402
 from envace.rollout.actors import PolicyActor  # noqa: E402
 from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402
-from envace.rollout.sources import ModelSource  # noqa: E402
+from envace.rollout.rehearse import ModelSource  # noqa: E402
 
 
 @dataclass

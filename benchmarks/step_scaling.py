@@ -31,7 +31,7 @@ from envace.policy.loading import load_model  # noqa: E402
 from envace.policy.transformers_backend import TransformersBackend  # noqa: E402
 from envace.rollout.actors import PolicyActor  # noqa: E402
 from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402
-from envace.rollout.sources import ModelSource  # noqa: E402
+from envace.rollout.rehearse import ModelSource  # noqa: E402
 from envace.train.advantages import compute_advantages  # noqa: E402
 from envace.train.batching import sequence_length  # noqa: E402
 from envace.train.step import GRPOUpdater, UpdaterConfig  # noqa: E402

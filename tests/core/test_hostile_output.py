@@ -21,7 +21,8 @@ from envace.policy.loading import smollm2_tokenizer
 from envace.core.sampling import Generation
 from envace.rollout.actors import PolicyActor
 from envace.rollout.engine import RolloutConfig, run_episodes
-from envace.rollout.sources import ModelSource, RealSource
+from envace.rollout.rehearse import ModelSource
+from envace.rollout.sources import RealSource
 
 from hostile import CASES  # tests/core is on sys.path (pytest prepend import mode)
 

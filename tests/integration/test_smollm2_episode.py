@@ -6,7 +6,8 @@ from envace.envs.tasks import load_tasks
 from envace.policy.transformers_backend import TransformersBackend
 from envace.rollout.actors import OracleActor, PolicyActor
 from envace.rollout.engine import RolloutConfig, run_episodes
-from envace.rollout.sources import ModelSource, RealSource
+from envace.rollout.rehearse import ModelSource
+from envace.rollout.sources import RealSource
 
 pytestmark = pytest.mark.slow
 

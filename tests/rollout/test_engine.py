@@ -9,7 +9,8 @@ from envace.envs.tasks import load_tasks
 from envace.rollout.actors import ActorTurn, OracleActor, PolicyActor
 from envace.rollout.diagnostics import truncated_fractions
 from envace.rollout.engine import RolloutConfig, run_episodes
-from envace.rollout.sources import ModelSource, RealSource
+from envace.rollout.rehearse import ModelSource
+from envace.rollout.sources import RealSource
 
 
 class ScriptedActor:

@@ -13,9 +13,8 @@ from envace.core.types import Example, FunctionSpec, Task, ToolCall, ToolSpec, T
 from envace.envs.tasks import generate_tasks
 from envace.rollout.actors import ActorTurn
 from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.rehearse import ModelSource, SimulatorSample
 from envace.rollout.sources import (
-    ModelSource,
-    SimulatorSample,
     ToolRequest,
     canonical_json,
     example_for,

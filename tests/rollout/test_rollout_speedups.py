@@ -12,7 +12,7 @@ from envace.envs.tasks import load_tasks
 from envace.policy.transformers_backend import TransformersBackend
 from envace.rollout.actors import PolicyActor
 from envace.rollout.engine import RolloutConfig, run_episodes
-from envace.rollout.sources import ModelSource
+from envace.rollout.rehearse import ModelSource
 
 
 class CallingActor:

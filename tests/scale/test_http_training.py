@@ -169,7 +169,8 @@ def test_caller_only_with_an_external_simulator_endpoint(tmp_path):
     from envace.experiments.rollout_backends import rollout_backends
     from envace.experiments.tasks import select_tasks
     from envace.policy.http_backend import HTTPBackend
-    from envace.rollout.sources import ModelSource, ToolRequest
+    from envace.rollout.rehearse import ModelSource
+    from envace.rollout.sources import ToolRequest
 
     model, tok = load_model("tiny")
     with OpenAIServer(TransformersBackend(model, tok), model_name="sim", allow_weight_updates=True) as server:

@@ -190,7 +190,7 @@ def test_a_checkpoint_is_evaluated_on_its_training_distribution(capsys, tmp_path
 
 def test_fidelity_can_show_the_simulator_the_conversation(capsys, tmp_path, monkeypatch):
     """--simulator-context conversation: the rehearse role's prompts carry the user's request."""
-    import envace.rollout.sources as sources
+    import envace.rollout.rehearse as sources
 
     seen = []
     real_render = sources.render_simulator_prompt

@@ -4,7 +4,8 @@ import pytest
 
 from envace.rollout.actors import OracleActor
 from envace.rollout.engine import RolloutConfig, run_episodes
-from envace.rollout.sources import ModelSource, RealSource
+from envace.rollout.rehearse import ModelSource
+from envace.rollout.sources import RealSource
 from envace.testtime import (
     cases_from_trajectories,
     compare_responses,

@@ -4,7 +4,8 @@ import pytest
 
 from envace.core.prompts import MEMORY_HEADER, PromptStyle, render_caller_prompt
 from envace.rollout.actors import OracleActor, PolicyActor
-from envace.rollout.sources import ModelSource, RealSource
+from envace.rollout.rehearse import ModelSource
+from envace.rollout.sources import RealSource
 from envace.testtime import (
     MemoryActor,
     RecordingRealSource,

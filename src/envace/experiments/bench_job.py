@@ -26,7 +26,7 @@ from envace.experiments.rundir import RunDir
 from envace.experiments.summary import print_summary, summary_markdown
 from envace.policy.threads import apply_threads
 from envace.rollout.actors import PolicyActor
-from envace.rollout.sources import ModelSource
+from envace.rollout.rehearse import ModelSource
 from envace.testtime.memory import make_memory_writer
 from envace.testtime.rehearsal import MemoryActor, check_mode_budget, memories_after, rehearse
 

@@ -37,8 +37,10 @@ from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
 from envace.envs.registry import world_names
 from envace.rollout.actors import OracleActor, PolicyActor
-from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
-from envace.rollout.sources import ModelSource, RealSource
+from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.stats import log_turns
+from envace.rollout.rehearse import ModelSource
+from envace.rollout.sources import RealSource
 from envace.testtime.fidelity import (
     cases_from_trajectories,
     error_probe_cases,

@@ -8,7 +8,8 @@ from envace.experiments.config import GenerationSettings
 from envace.policy.transformers_backend import TransformersBackend
 from envace.reward.judge import ChatJudge, ModelJudge
 from envace.rollout.actors import PolicyActor
-from envace.rollout.sources import ModelSource, RealSource, ResponseSource
+from envace.rollout.rehearse import ModelSource
+from envace.rollout.sources import RealSource, ResponseSource
 
 SOURCES = ("real", "rehearsal", "simulator")
 

@@ -20,7 +20,8 @@ from envace.core.prompts import PromptStyle
 from envace.core.types import Task, Trajectory, trajectory_calls
 from envace.experiments.failures import FAILURE_CLASSES, class_shares, failure_rows
 from envace.rollout.engine import RolloutConfig, run_episodes
-from envace.rollout.sources import ModelSource, example_for, output_shape_error, record_holds
+from envace.rollout.rehearse import ModelSource
+from envace.rollout.sources import example_for, output_shape_error, record_holds
 from envace.testtime.fidelity import (
     FidelityPair,
     cases_from_trajectories,

@@ -10,7 +10,8 @@ from envace.experiments.rundir import RunDir
 from envace.experiments.summary import print_summary, summarize, summary_markdown
 from envace.experiments.tasks import select_tasks
 from envace.policy.threads import apply_threads
-from envace.rollout.engine import RolloutConfig, log_turns, run_episodes
+from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.stats import log_turns
 
 
 @dataclass

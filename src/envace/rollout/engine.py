@@ -9,18 +9,16 @@ structured error, as a real API would, and the episode goes on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from envace.core.errors import INVALID_TOOL_CALL_FORMAT, tool_error
-from envace.core.safejson import clean_text
-from envace.core.toolcall import parse_tool_calls
 from envace.core.types import Message, Task, ToolCall, Trajectory, TurnSample, Verdict
-from envace.core.validate import validate_call
 from envace.reward.checklist import Judge, judge_trajectory
-from envace.rollout.actors import Actor, ActorTurn, ActorView
+from envace.rollout.actors import Actor, ActorView
+from envace.rollout.caller_turn import read_caller_turn
 from envace.rollout.sources import ResponseSource, ToolRequest, ToolResponse, dump_result
+from envace.rollout.stats import RolloutStats
 
 @dataclass
 class RolloutConfig:
@@ -29,25 +27,6 @@ class RolloutConfig:
     # Index of each task's first episode: a second batch of a task's group (episodes with a
     # rehearsal memory in training) continues the numbering, so (task, index) names one trajectory.
     first_index: int = 0
-
-
-@dataclass
-class RolloutStats:
-    episodes: int = 0
-    caller_tokens: int = 0
-    simulator_tokens: int = 0
-    caller_seconds: float = 0.0
-    simulator_seconds: float = 0.0
-    wall_seconds: float = 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        gen_s = self.caller_seconds + self.simulator_seconds
-        return (self.caller_tokens + self.simulator_tokens) / gen_s if gen_s > 0 else 0.0
-
-    def __add__(self, other: RolloutStats) -> RolloutStats:
-        """Two batches run one after the other: counts and times add up."""
-        return RolloutStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
 
 @dataclass
@@ -109,37 +88,6 @@ class UserTurns(Protocol):
 
 # (reward, verdicts) of a finished episode; the default judges the task's checklist.
 Scorer = Callable[[Episode, Trajectory], tuple[float, list[Verdict]]]
-
-
-@dataclass
-class CallerTurn:
-    """What one actor turn means for the episode: the assistant message, its training sample, and
-    each call with its immediate error (None: send it to the source). ``calls`` is empty for a
-    final answer; a malformed turn yields one ``(None, INVALID_TOOL_CALL_FORMAT)`` entry."""
-
-    message: Message
-    sample: TurnSample | None
-    final: bool
-    parse_failed: bool
-    calls: list[tuple[ToolCall | None, dict | None]]
-
-
-def read_caller_turn(at: ActorTurn, task: Task, group_id: str, index: int, turn: int) -> CallerTurn:
-    sample = None
-    if at.trainable:
-        sample = TurnSample(role="caller", group_id=group_id, trajectory_index=index, turn=turn,
-                            prompt_ids=at.prompt_ids, gen_ids=at.gen_ids, logprobs=at.logprobs, finish=at.finish)
-    parsed = parse_tool_calls(at.text)
-    # Cleaned: a lone surrogate in the model's text would break the next prompt's tokenizer.
-    message = Message(role="assistant", content=clean_text(at.text).strip(), tool_calls=parsed.calls)
-    if parsed.is_final:
-        calls: list[tuple[ToolCall | None, dict | None]] = []
-    elif parsed.error is not None:
-        calls = [(None, tool_error(INVALID_TOOL_CALL_FORMAT, parsed.error))]
-    else:
-        calls = [(c, validate_call(c, task.tools)) for c in parsed.calls]
-    return CallerTurn(message=message, sample=sample, final=parsed.is_final,
-                      parse_failed=parsed.error is not None, calls=calls)
 
 
 def _user_step(eps: list[Episode], user: UserTurns) -> None:
@@ -219,19 +167,6 @@ def _answer_calls(pending: list[tuple[Episode, list[tuple[ToolCall | None, dict 
                 ep.earlier.append((call, resp.text))
         if ep.stop_reason is None and ep.max_steps is not None and ep.steps >= ep.max_steps:
             ep.stop("max_turns", forced=True)
-
-
-def log_turns(log: Callable[[str], None], label: str = "",
-              max_turns: int | None = None) -> Callable[[int, int, int], None]:
-    """An ``on_turn`` for :func:`run_episodes` that logs how far a long batched run is: on a CPU one
-    turn of a few hundred episodes takes minutes, and a job that prints nothing looks hung."""
-    t0 = time.perf_counter()
-
-    def on_turn(turn: int, finished: int, total: int) -> None:
-        of = f"/{max_turns}" if max_turns else ""
-        log(f"{label}turn {turn}{of}: {finished}/{total} episodes finished, {time.perf_counter() - t0:.0f} s")
-
-    return on_turn
 
 
 def run_episodes(

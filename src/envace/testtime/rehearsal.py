@@ -23,7 +23,8 @@ from typing import Any
 
 from envace.core.types import Task, Trajectory
 from envace.rollout.actors import Actor, ActorTurn, ActorView
-from envace.rollout.engine import RolloutConfig, RolloutStats, log_turns, run_episodes
+from envace.rollout.engine import RolloutConfig, run_episodes
+from envace.rollout.stats import RolloutStats, log_turns
 from envace.rollout.sources import RealSource, ResponseSource, ToolRequest, ToolResponse
 from envace.testtime.memory import NO_MEMORY, Memory, MemoryWriter, RuleMemoryWriter
 
