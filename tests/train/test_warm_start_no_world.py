@@ -349,11 +349,8 @@ def test_a_schema_only_run_is_evaluated_against_the_real_tools_with_eval_world(p
     # without it the same run is judged by rehearsal
     run, lines = _train(tmp_path, "no-eval-world", path, "eval.at_start=true", "eval.samples=1", "eval.temperature=0")
     assert {r["eval_kind"] for r in run.metrics() if r["phase"] == "eval"} == {"rehearsal"}
-    from envace.experiments.config import load_config
-    from envace.experiments.tasksets import WorldTasks
-    from envace.experiments.train_job import rl_tasks
+    from envace.experiments.config import ConfigError, load_config
 
-    cfg = load_config(None, ["model=tiny", "source=real", f"world={pantry['spec']}", f"eval.world={tmp_path}/x.py:X"],
-                      values={"task_file": str(path)})
-    with pytest.raises(ValueError, match="eval.world: with source real"):
-        WorldTasks.load(cfg, rl_tasks)
+    with pytest.raises(ConfigError, match="eval.world: with source real"):
+        load_config(None, ["model=tiny", "source=real", f"world={pantry['spec']}", f"eval.world={tmp_path}/x.py:X"],
+                    values={"task_file": str(path)})

@@ -366,6 +366,9 @@ class TrainConfig(_Section):
         if self.sft.vocab is not None and not self.sft.enabled:
             raise ValueError("sft.vocab: the vocabulary is learned from the SFT warm start's text; "
                              "it needs sft.enabled: true")
+        if self.source == "real" and self.eval.world is not None and self.eval.world != self.world:
+            raise ValueError("eval.world: with source real the run's world answers training and eval alike; set "
+                             "world: to it, not eval.world")
         return self
 
 

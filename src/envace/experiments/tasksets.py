@@ -148,9 +148,6 @@ class WorldTasks(TaskSet):
         if cfg.source == "real" and not all(has_real_world(t, cfg) for t in pool):
             raise ValueError("source real: the train tasks have no real world; give the run one (--world / world:) "
                              "or train by rehearsal")
-        if cfg.source == "real" and cfg.eval.world is not None and cfg.eval.world != cfg.world:
-            raise ValueError("eval.world: with source real the run's world answers training and eval alike; set "
-                             "world: to it, not eval.world")
         return cls(cfg, pool, held_out, eval_kind(cfg, held_out), RealSource(eval_world(cfg)))
 
     def play(self, tasks: list, actor: Any, source: ResponseSource | None, backend: Any, seed: int | None,
