@@ -120,3 +120,22 @@ def test_sft_in_bf16_mixed_precision_learns_as_fp32_does():
     assert losses["bf16"][0] == pytest.approx(losses["no"][0], rel=0.02)  # same start, bf16 rounding apart
     assert losses["bf16"][0] != losses["no"][0]
     assert losses["bf16"][1] == pytest.approx(losses["no"][1], rel=0.15)
+
+
+def test_sft_with_activation_checkpointing_trains_the_same_weights():
+    """``grpo.gradient_checkpointing`` reaches the warm start: each layer is recomputed in the
+    backward (transformers' checkpointing really on), the prefix-sharing cache path is off, and the
+    trained weights are those of the plain SFT, up to float rounding."""
+    from envace.train.sft import run_sft
+
+    trained = {}
+    for ckpt in (False, True):
+        model, tok = load_model("tiny")
+        samples = oracle_sft_samples(load_tasks("bank", "train", limit=2), tok, PromptStyle())
+        stats = run_sft(model, samples, epochs=1, lr=3e-3, batch_samples=4, pad_id=tok.pad_token_id or 0,
+                        gradient_checkpointing=ckpt)
+        assert model.is_gradient_checkpointing == ckpt
+        trained[ckpt] = (stats.last_loss, {k: v.detach().clone() for k, v in model.state_dict().items()})
+    assert trained[True][0] == pytest.approx(trained[False][0], rel=1e-4)
+    for k, v in trained[False][1].items():
+        torch.testing.assert_close(trained[True][1][k], v, atol=2e-5, rtol=1e-4)

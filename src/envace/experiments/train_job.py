@@ -335,7 +335,8 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     stats = run_sft(policy, samples, epochs=cfg.sft.epochs, lr=cfg.sft.lr, micro_batch_tokens=cfg.sft.micro_batch_tokens,
                     batch_samples=cfg.sft.batch_samples, schedule=cfg.sft.schedule,
                     seed=cfg.seed, pad_id=tokenizer.pad_token_id or 0,
-                    on_step=_on_step(bar, threads), mixed_precision=cfg.mixed_precision, on_row=on_row("sft"))
+                    on_step=_on_step(bar, threads), mixed_precision=cfg.mixed_precision, on_row=on_row("sft"),
+                    gradient_checkpointing=cfg.grpo.gradient_checkpointing)
     bar.close()
     run.log_metrics({"phase": "sft", "step": 0, "sft/first_loss": stats.first_loss, "sft/last_loss": stats.last_loss,
                      "sft/samples": stats.samples, "sft/tokens": stats.tokens, "sft/seconds": time.perf_counter() - t0,

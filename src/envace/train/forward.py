@@ -22,7 +22,8 @@ from envace.core.types import Role, TurnSample
 from envace.policy.prefixes import plan_shared_prefixes, prefix_inputs
 from envace.train.advantages import ScoredSample
 from envace.train.batching import PackedBatch, pack_samples, split_micro_batches
-from envace.train.grpo_loss import LossAgg, LossConfig, OldLogprobs, grpo_loss, truncated_is_weight
+from envace.train.grpo_loss import LossAgg, LossConfig, OldLogprobs, grpo_loss
+from envace.train.loss_support import truncated_is_weight
 
 # The sampler's temperature: one for every sample, or one per role.
 Temperature = float | Mapping[Role, float]
@@ -68,10 +69,12 @@ def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     return (decoder, head) if decoder is not None and head is not None else None
 
 
-def sft_loss(model: nn.Module, batch: Sequence[TurnSample], total_tokens: int, pad_id: int = 0) -> torch.Tensor:
-    """Summed target-token NLL of ``batch`` divided by ``total_tokens`` (of the whole update)."""
+def sft_loss(model: nn.Module, batch: Sequence[TurnSample], total_tokens: int, pad_id: int = 0,
+             share_prefixes: bool = True) -> torch.Tensor:
+    """Summed target-token NLL of ``batch`` divided by ``total_tokens`` (of the whole update).
+    ``share_prefixes`` off under activation checkpointing (it runs the prefix with a cache)."""
     packed = pack_samples([ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in batch], pad_id=pad_id)
-    logp, _ = token_logprobs(model, packed)
+    logp, _ = token_logprobs(model, packed, share_prefixes=share_prefixes)
     mask = packed.token_mask.to(logp.device)
     return -(logp * mask).sum() / total_tokens
 

@@ -38,7 +38,7 @@ from envace.rollout.sources import RealSource, ToolRequest, ToolResponse, dump_r
 from envace.train.advantages import ScoredSample
 from envace.train.batching import merge_turns, split_micro_batches
 from envace.train.forward import MixedPrecision, autocast, sft_loss
-from envace.train.step import trainable_parameters
+from envace.train.step import enable_gradient_checkpointing, trainable_parameters
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -319,13 +319,17 @@ def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr
             batch_samples: int = 16, micro_batch_tokens: int = 4096, seed: int = 0, pad_id: int = 0,
             on_step: Callable[[int, int, float], None] | None = None, schedule: str = "constant",
             mixed_precision: MixedPrecision = "no",
-            on_row: Callable[[dict[str, float]], None] | None = None) -> SFTStats:
+            on_row: Callable[[dict[str, float]], None] | None = None,
+            gradient_checkpointing: bool = False) -> SFTStats:
     """Plain AdamW fine-tuning over shuffled batches of ``batch_samples``, accumulated over
     micro-batches that fit ``micro_batch_tokens``; learning rate per ``lr_factor``; the forward
-    under ``mixed_precision`` (forward.autocast). ``on_row``: each step's figures (``sft/loss``,
+    under ``mixed_precision`` (forward.autocast), with each layer's activations recomputed in the
+    backward under ``gradient_checkpointing``. ``on_row``: each step's figures (``sft/loss``,
     ``sft/lr``, ``sft/tokens``), for a metrics log."""
     if not samples:
         raise ValueError("run_sft: no samples")
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     params = trainable_parameters(model)
     opt = torch.optim.AdamW(params, lr=lr)
     rng = random.Random(seed)
@@ -346,7 +350,8 @@ def run_sft(model: nn.Module, samples: Sequence[TurnSample], epochs: int = 2, lr
             scored = [ScoredSample(sample=s, advantage=1.0, reward=1.0) for s in batch]
             for mb in split_micro_batches(scored, micro_batch_tokens):
                 with autocast(model, mixed_precision):
-                    loss = sft_loss(model, [m.sample for m in mb], tokens, pad_id)
+                    loss = sft_loss(model, [m.sample for m in mb], tokens, pad_id,
+                                    share_prefixes=not gradient_checkpointing)
                 loss.backward()
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, 1.0)

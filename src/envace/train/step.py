@@ -22,7 +22,8 @@ from envace.train.batching import merge_trajectory_turns, padding_fraction, spli
 from envace.train.collectives import (gather_objects, launched_distributed, merge_rank_stats, num_processes,
                                       reduce_max, reduce_sum, set_sync)
 from envace.train.forward import MixedPrecision, autocast, batch_loss, sft_loss
-from envace.train.grpo_loss import ROLES, LossAgg, OldLogprobs, merge_loss_stats, role_normalizers
+from envace.train.grpo_loss import ROLES, LossAgg, OldLogprobs, role_normalizers
+from envace.train.loss_support import merge_loss_stats
 from envace.train.modes import ModeSpec
 
 
@@ -50,7 +51,8 @@ class UpdateSettings(BaseModel):
     ppo_epochs: int = Field(1, ge=1, description="optimiser steps on the same batch (one per epoch)")
     max_grad_norm: float | None = Field(1.0, description="None: no clipping (the norm is still reported)")
     gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in the backward "
-                                         "instead of keeping them: less memory per micro-batch for more "
+                                         "instead of keeping them (the SFT warm start's too): less memory per "
+                                         "micro-batch for more "
                                          "compute (each layer runs twice), and shared prompt prefixes are no "
                                          "longer run once per group")
     is_cap: float | None = Field(None, gt=0, description="when the trainer scores rollouts from another engine "
