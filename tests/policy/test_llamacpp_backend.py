@@ -155,7 +155,7 @@ def test_truncated_importance_weight_scales_each_tokens_loss():
     from envace.core.types import TurnSample
     from envace.train.advantages import ScoredSample
     from envace.train.forward import batch_loss, recompute_logprobs
-    from envace.train.grpo_loss import truncated_is_weight
+    from envace.train.loss_support import truncated_is_weight
 
     model, tok = load_model("tiny")
     samples = [TurnSample(role="caller", group_id="t", trajectory_index=i, turn=0, prompt_ids=tok.encode(text),

@@ -11,7 +11,8 @@ from train_helpers import make_sample, random_scored_batch, sampler_logprobs
 from envace.train.advantages import ScoredSample
 from envace.train.batching import pack_samples
 from envace.train.forward import batch_loss, token_logprobs
-from envace.train.grpo_loss import merge_loss_stats, role_normalizers
+from envace.train.grpo_loss import role_normalizers
+from envace.train.loss_support import merge_loss_stats
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:

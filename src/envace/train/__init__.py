@@ -12,7 +12,8 @@ from envace.train.checkpoint import (
     save_checkpoint,
 )
 from envace.train.forward import batch_loss, token_logprobs
-from envace.train.grpo_loss import LossConfig, grpo_loss, merge_loss_stats, role_normalizers
+from envace.train.grpo_loss import LossConfig, grpo_loss, role_normalizers
+from envace.train.loss_support import merge_loss_stats
 from envace.train.modes import MODE_NAMES, ModeSpec
 from envace.train.step import GRPOUpdater, UpdaterConfig, update_for_mode, updaters_for_mode
 
