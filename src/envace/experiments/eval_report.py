@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from envace.core.jsonl import read_jsonl_dicts
+from envace.experiments.figures import save_figure
 from envace.experiments.rundir import RunDir
 from envace.experiments.stats import bootstrap_ci, paired_bootstrap_diff
 from envace.testtime.fidelity import summarize_fidelity
@@ -98,17 +99,6 @@ def fidelity_markdown(rows: list[dict], keys: tuple[str, ...]) -> list[str]:
     return lines
 
 
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
-
-
 def plot_sweep(table: list[dict], path: Path, title: str = "") -> Path | None:
     """Success (with CI) and cost vs rehearsal budget, one line per mode; budget 0 shared."""
     if not table:
@@ -141,7 +131,7 @@ def plot_sweep(table: list[dict], path: Path, title: str = "") -> Path | None:
     axes[0].set_ylim(-0.05, 1.05)
     axes[0].set_title(title or "private rehearsal: success vs budget", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_fidelity(world_rows: list[dict], tool_rows: list[dict], path: Path) -> Path | None:
@@ -180,7 +170,7 @@ def plot_fidelity(world_rows: list[dict], tool_rows: list[dict], path: Path) -> 
     ax2.legend(fontsize=7)
     ax2.grid(alpha=0.3, axis="x")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_eval_report(run: RunDir) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 from envace.core.jsonl import read_jsonl_dicts
 from envace.core.types import solved
 from envace.envs.registry import spec_label
+from envace.experiments.figures import save_figure
 from envace.experiments.rundir import RunDir
 from envace.experiments.stats import paired_gain
 
@@ -215,12 +216,7 @@ def plot_learning_curve(runs: dict[str, RunDir], path: Path, title: str = "real-
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)
 
 
 def peak_memory_by_phase(rows: list[dict]) -> dict[str, float]:
