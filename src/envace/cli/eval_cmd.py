@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from envace.cli.task_args import add_task_source_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,14 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="smollm2",
                    help="smollm2 | tiny | a HF model or peft adapter dir | a training checkpoint dir "
                         "(its policy/ or caller/ sub-directory is found automatically)")
-    p.add_argument("--world", default=None,
-                   help="embedded world(s): shop (default), calendar, bank, a comma list or 'all'; with --task-file: "
-                        "the real environment of tasks that name none (package.module:Name, path/to/tools.py:Class, "
-                        "mcp:COMMAND, http(s)://.../mcp, a registered name)")
-    p.add_argument("--task-file", default=None, help="a JSONL task file instead of an embedded world")
-    p.add_argument("--trust-task-worlds", action="store_true",
-                   help="let the task file's own env.world entries run code (mcp: commands, .py files, import "
-                        "paths); refused by default (docs/tasks.md)")
+    add_task_source_args(
+        p, "embedded world(s): shop (default), calendar, bank, a comma list or 'all'; with --task-file: "
+           "the real environment of tasks that name none (package.module:Name, path/to/tools.py:Class, "
+           "mcp:COMMAND, http(s)://.../mcp, a registered name)")
     p.add_argument("--split", default="test", help="train | test")
     p.add_argument("--tasks", type=int, default=10, help="tasks per world (default 10)")
     p.add_argument("--rehearse", default="none", help="none | parallel | sequential (default none)")

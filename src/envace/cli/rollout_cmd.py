@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from envace.cli.task_args import add_task_source_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rollout", help="run episodes against a response source (real | rehearsal | simulator)")
-    p.add_argument("--world", default=None,
-                   help="embedded world(s) to generate tasks from: shop (default), calendar, bank, comma list or "
-                        "'all'; with --task-file: the real environment of tasks that name none (a registered "
-                        "name, package.module:Name, path/to/tools.py:Class, mcp:COMMAND, http(s)://.../mcp)")
-    p.add_argument("--task-file", default=None, help="a JSONL task file instead of an embedded world")
-    p.add_argument("--trust-task-worlds", action="store_true",
-                   help="let the task file's own env.world entries run code (mcp: commands, .py files, import "
-                        "paths); refused by default (docs/tasks.md)")
+    add_task_source_args(
+        p, "embedded world(s) to generate tasks from: shop (default), calendar, bank, comma list or "
+           "'all'; with --task-file: the real environment of tasks that name none (a registered "
+           "name, package.module:Name, path/to/tools.py:Class, mcp:COMMAND, http(s)://.../mcp)")
     p.add_argument("--split", default=None, choices=["train", "test", "all"],
                    help="default: test for embedded worlds, all for a task file")
     p.add_argument("--tasks", type=int, default=4, help="number of tasks")
