@@ -27,6 +27,7 @@ BUSY_COUNTS = [0, 1, 1, 2]  # colleagues' own meetings per day, drawn with 2 ran
 BUSY_SHAPES = [(0, 30), (0, 60), (30, 30), (30, 60)]  # (minutes past the hour, length)
 GUEST_RESPONSES = ["accepted", "accepted", "pending", "declined"]
 MAX_RANGE_DAYS = 31
+EMAIL = {"type": "string", "minLength": 3, "maxLength": 100}  # a contact's address, as tools take it
 
 SCHEMA = """
 CREATE TABLE me(name TEXT, email TEXT);
@@ -284,8 +285,7 @@ class CalendarWorld(World):
 
     @tool("Invite a colleague to one of your events.",
           {"event_id": prop(ID, "Event id, e.g. 'e-2041'."),
-           "email": {"type": "string", "minLength": 3, "maxLength": 100,
-                     "description": "Colleague's email address."}},
+           "email": prop(EMAIL, "Colleague's email address.")},
           required=("event_id", "email"), writes=True)
     def invite_attendee(self, event_id: str, email: str) -> dict:
         e = self._editable(event_id)
@@ -298,8 +298,7 @@ class CalendarWorld(World):
 
     @tool("Remove an attendee from one of your events.",
           {"event_id": prop(ID, "Event id, e.g. 'e-2041'."),
-           "email": {"type": "string", "minLength": 3, "maxLength": 100,
-                     "description": "Attendee's email address."}},
+           "email": prop(EMAIL, "Attendee's email address.")},
           required=("event_id", "email"), writes=True)
     def remove_attendee(self, event_id: str, email: str) -> dict:
         self._editable(event_id)
@@ -334,8 +333,7 @@ class CalendarWorld(World):
         return {"count": len(found), "contacts": found}
 
     @tool("See when a colleague is busy on a given day (their meetings and yours with them).",
-          {"email": {"type": "string", "minLength": 3, "maxLength": 100,
-                     "description": "Colleague's email address."},
+          {"email": prop(EMAIL, "Colleague's email address."),
            "date": prop(DATE, "Day, YYYY-MM-DD.")},
           required=("email", "date"))
     def check_availability(self, email: str, date: str) -> dict:

@@ -59,23 +59,24 @@ def balance(d: Draft) -> None:
 
 
 def freeze_card(d: Draft) -> None:
-    c = d.pick("SELECT * FROM cards WHERE status = 'active'")
-    d.ask(f"I lost my debit card ending in {c['last4']}. Please freeze it.")
-    d.do("list_cards")
-    d.do("freeze_card", card_id=c["id"])
-    d.expect_call("freeze_card", card_id=c["id"])
-    d.expect_state("SELECT id, status FROM cards ORDER BY id")
-    d.answer(f"Your card ending in {c['last4']} is now frozen.")
+    _switch_card(d, "active", "freeze_card", "I lost my debit card ending in {last4}. Please freeze it.",
+                 "Your card ending in {last4} is now frozen.")
 
 
 def unfreeze_card(d: Draft) -> None:
-    c = d.pick("SELECT * FROM cards WHERE status = 'frozen'")
-    d.ask(f"I found my card ending in {c['last4']}; please unfreeze it.")
+    _switch_card(d, "frozen", "unfreeze_card", "I found my card ending in {last4}; please unfreeze it.",
+                 "The card ending in {last4} is active again.")
+
+
+def _switch_card(d: Draft, status: str, tool: str, ask: str, answer: str) -> None:
+    """A card in ``status`` is asked to change by ``tool``; ``ask`` / ``answer`` name it by ``{last4}``."""
+    c = d.pick(f"SELECT * FROM cards WHERE status = '{status}'")
+    d.ask(ask.format(last4=c["last4"]))
     d.do("list_cards")
-    d.do("unfreeze_card", card_id=c["id"])
-    d.expect_call("unfreeze_card", card_id=c["id"])
+    d.do(tool, card_id=c["id"])
+    d.expect_call(tool, card_id=c["id"])
     d.expect_state("SELECT id, status FROM cards ORDER BY id")
-    d.answer(f"The card ending in {c['last4']} is active again.")
+    d.answer(answer.format(last4=c["last4"]))
 
 
 def charge_amount(d: Draft) -> None:

@@ -33,6 +33,17 @@ def _expect_booked(d: Draft, day: str, start: str) -> None:
                    f"date = '{day}' AND start_time = '{start}'")
 
 
+def _create(d: Draft, title: str, day: str, start: str, length: int, **attendees: Any) -> dict:
+    """The reference call that books the new event (``attendees=[...]`` where it has guests)."""
+    return d.do("create_event", title=title, date=day, start_time=start, duration_minutes=length, **attendees)
+
+
+def _expect_created(d: Draft, day: str, start: str, length: int, **attendees: Any) -> None:
+    """A booking's checks: the create_event call as asked, then the event it made."""
+    d.expect_call("create_event", date=day, start_time=start, duration_minutes=length, **attendees)
+    _expect_booked(d, day, start)
+
+
 def _length(e: dict[str, Any]) -> int:
     return minutes(e["end_time"]) - minutes(e["start_time"])
 
@@ -109,11 +120,8 @@ def schedule_with(d: Draft) -> None:
     start, title = d.rng.choice(slots), d.rng.choice(NEW_TITLES)
     d.ask(f"Schedule '{title}' with {c['name']} on {day} at {start} for {length} minutes.")
     d.do("search_contacts", query=c["name"])
-    e = d.do("create_event", title=title, date=day, start_time=start, duration_minutes=length,
-             attendees=[c["email"]])
-    d.expect_call("create_event", date=day, start_time=start, duration_minutes=length,
-                  attendees=[c["email"]])
-    _expect_booked(d, day, start)
+    e = _create(d, title, day, start, length, attendees=[c["email"]])
+    _expect_created(d, day, start, length, attendees=[c["email"]])
     d.answer(f"Booked '{title}' on {day}, {start}-{e['end_time']}, with {c['name']}.", start)
 
 
@@ -153,9 +161,8 @@ def book_earliest(d: Draft) -> None:
     slots = d.do("find_free_slots", date=day, duration_minutes=length)["slots"]
     need(slots)
     start = slots[0]["start"]
-    e = d.do("create_event", title=title, date=day, start_time=start, duration_minutes=length)
-    d.expect_call("create_event", date=day, start_time=start, duration_minutes=length)
-    _expect_booked(d, day, start)
+    e = _create(d, title, day, start, length)
+    _expect_created(d, day, start, length)
     d.answer(f"Booked '{title}' on {day} from {start} to {e['end_time']}.", start)
 
 
@@ -180,12 +187,9 @@ def mutual_slot(d: Draft) -> None:
     d.do("check_availability", email=c["email"], date=day)
     d.do("find_free_slots", date=day, duration_minutes=length)
     start = both[0]["start"]
-    e = d.do("create_event", title=title, date=day, start_time=start, duration_minutes=length,
-             attendees=[c["email"]])
+    e = _create(d, title, day, start, length, attendees=[c["email"]])
     d.expect_call("check_availability", email=c["email"], date=day)
-    d.expect_call("create_event", date=day, start_time=start, duration_minutes=length,
-                  attendees=[c["email"]])
-    _expect_booked(d, day, start)
+    _expect_created(d, day, start, length, attendees=[c["email"]])
     d.answer(f"Booked '{title}' with {c['name']} on {day} at {start}-{e['end_time']}.", start)
 
 
@@ -232,8 +236,7 @@ def decline_and_replace(d: Draft) -> None:
           "instead.")
     _find_event(d, e)
     d.do("respond_to_event", event_id=e["id"], response="declined")
-    new = d.do("create_event", title=title, date=e["date"], start_time=e["start_time"],
-               duration_minutes=_length(e))
+    _create(d, title, e["date"], e["start_time"], _length(e))
     d.expect_call("respond_to_event", event_id=e["id"], response="declined")
     d.expect_call("create_event", date=e["date"], start_time=e["start_time"],
                   duration_minutes=_length(e))
