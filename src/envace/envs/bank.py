@@ -118,22 +118,13 @@ class BankWorld(World):
     # -- lookups ------------------------------------------------------------------------
 
     def _account(self, account_id: str) -> dict[str, Any]:
-        a = self.row("SELECT * FROM accounts WHERE id = ?", account_id)
-        if a is None:
-            raise ToolFailure("ACCOUNT_NOT_FOUND", f"No account with id {account_id!r}")
-        return a
+        return self.by_id("accounts", "account", account_id)
 
     def _card(self, card_id: str) -> dict[str, Any]:
-        c = self.row("SELECT * FROM cards WHERE id = ?", card_id)
-        if c is None:
-            raise ToolFailure("CARD_NOT_FOUND", f"No card with id {card_id!r}")
-        return c
+        return self.by_id("cards", "card", card_id)
 
     def _transaction(self, transaction_id: str) -> dict[str, Any]:
-        t = self.row("SELECT * FROM transactions WHERE id = ?", transaction_id)
-        if t is None:
-            raise ToolFailure("TRANSACTION_NOT_FOUND", f"No transaction with id {transaction_id!r}")
-        return t
+        return self.by_id("transactions", "transaction", transaction_id)
 
     def _post(self, account_id: str, description: str, category: str, cents: int) -> str:
         """Book a transaction dated today and move the balance; returns the transaction id."""

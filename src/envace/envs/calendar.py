@@ -6,7 +6,7 @@ import random
 from datetime import date, timedelta
 from typing import Any
 
-from envace.envs.world import DATE, ID, TIME, ToolFailure, World, enum, integer, parse_date, prop, tool
+from envace.envs.world import DATE, ID, TIME, ToolFailure, World, enum, found, integer, parse_date, prop, tool
 
 PEOPLE = ["Dana Whitfield", "Omar Haddad", "Lena Fischer", "Raj Iyer", "Mia Santos",
           "Kofi Mensah", "Yuki Tanaka", "Elena Petrova", "Tom Becker", "Ines Moreau",
@@ -120,10 +120,7 @@ class CalendarWorld(World):
         return self.scalar("SELECT email FROM me")
 
     def _event(self, event_id: str) -> dict[str, Any]:
-        e = self.row("SELECT * FROM events WHERE id = ?", event_id)
-        if e is None:
-            raise ToolFailure("EVENT_NOT_FOUND", f"No event with id {event_id!r}")
-        return e
+        return self.by_id("events", "event", event_id)
 
     def _editable(self, event_id: str) -> dict[str, Any]:
         """The event, if you may change it: yours, not cancelled, not over."""
@@ -138,10 +135,8 @@ class CalendarWorld(World):
         return e
 
     def _contact(self, email: str) -> dict[str, Any]:
-        c = self.row("SELECT * FROM contacts WHERE lower(email) = lower(?)", email)
-        if c is None:
-            raise ToolFailure("CONTACT_NOT_FOUND", f"No contact with email {email!r}")
-        return c
+        return found(self.row("SELECT * FROM contacts WHERE lower(email) = lower(?)", email), "CONTACT_NOT_FOUND",
+                     f"No contact with email {email!r}")
 
     def _future_day(self, value: str) -> date:
         day = parse_date(value)

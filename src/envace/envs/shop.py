@@ -120,16 +120,10 @@ class ShopWorld(World):
     # -- lookups ------------------------------------------------------------------------
 
     def _product(self, product_id: str) -> dict[str, Any]:
-        p = self.row("SELECT * FROM products WHERE id = ?", product_id)
-        if p is None:
-            raise ToolFailure("PRODUCT_NOT_FOUND", f"No product with id {product_id!r}")
-        return p
+        return self.by_id("products", "product", product_id)
 
     def _order(self, order_id: str) -> dict[str, Any]:
-        o = self.row("SELECT * FROM orders WHERE id = ?", order_id)
-        if o is None:
-            raise ToolFailure("ORDER_NOT_FOUND", f"No order with id {order_id!r}")
-        return o
+        return self.by_id("orders", "order", order_id)
 
     def _lines(self, order_id: str) -> list[dict[str, Any]]:
         return self.rows(

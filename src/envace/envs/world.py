@@ -53,6 +53,13 @@ class ToolFailure(Exception):
         self.code, self.message, self.details = code, message, details
 
 
+def found(row: dict[str, Any] | None, code: str, message: str) -> dict[str, Any]:
+    """``row``, or a :class:`ToolFailure` (``code``, ``message``) where the lookup found none."""
+    if row is None:
+        raise ToolFailure(code, message)
+    return row
+
+
 def tool(
     description: str,
     properties: dict[str, dict[str, Any]] | None = None,
@@ -231,6 +238,11 @@ class World:
     def scalar(self, sql: str, *params: Any) -> Any:
         r = self.db.execute(sql, params).fetchone()
         return r[0] if r else None
+
+    def by_id(self, table: str, thing: str, value: str) -> dict[str, Any]:
+        """The ``table`` row whose ``id`` is ``value``; an unknown id is ``<THING>_NOT_FOUND``."""
+        return found(self.row(f"SELECT * FROM {table} WHERE id = ?", value), f"{thing.upper()}_NOT_FOUND",
+                     f"No {thing} with id {value!r}")
 
     def next_number(self, sequence: str) -> int:
         """Take the next number of an id sequence (returns, disputes...) started by ``start_sequence``."""
