@@ -28,6 +28,7 @@ BUSY_SHAPES = [(0, 30), (0, 60), (30, 30), (30, 60)]  # (minutes past the hour, 
 GUEST_RESPONSES = ["accepted", "accepted", "pending", "declined"]
 MAX_RANGE_DAYS = 31
 EMAIL = {"type": "string", "minLength": 3, "maxLength": 100}  # a contact's address, as tools take it
+EVENT_ID = "Event id, e.g. 'e-2041'."  # the event_id property's description, in every tool that takes one
 
 SCHEMA = """
 CREATE TABLE me(name TEXT, email TEXT);
@@ -196,7 +197,7 @@ class CalendarWorld(World):
                            for r in rows]}
 
     @tool("Get one event: time, location, organizer, attendees and their responses.",
-          {"event_id": prop(ID, "Event id, e.g. 'e-2041'.")}, required=("event_id",))
+          {"event_id": prop(ID, EVENT_ID)}, required=("event_id",))
     def get_event(self, event_id: str) -> dict:
         return self._detail(event_id)
 
@@ -248,7 +249,7 @@ class CalendarWorld(World):
         return self._detail(eid)
 
     @tool("Move one of your events to a new date and time; attendees are asked to respond again.",
-          {"event_id": prop(ID, "Event id, e.g. 'e-2041'."),
+          {"event_id": prop(ID, EVENT_ID),
            "date": prop(DATE, "New day, YYYY-MM-DD."),
            "start_time": prop(TIME, "New start, HH:MM."),
            "duration_minutes": integer(15, 480, "New length (default: keep the current one).")},
@@ -266,7 +267,7 @@ class CalendarWorld(World):
         return self._detail(event_id)
 
     @tool("Cancel one of your events.",
-          {"event_id": prop(ID, "Event id, e.g. 'e-2041'."),
+          {"event_id": prop(ID, EVENT_ID),
            "notify_attendees": {"type": "boolean", "default": True,
                                 "description": "Email the attendees (default true)."}},
           required=("event_id",), writes=True)
@@ -279,7 +280,7 @@ class CalendarWorld(World):
                 "notified": guests if notify_attendees else []}
 
     @tool("Invite a colleague to one of your events.",
-          {"event_id": prop(ID, "Event id, e.g. 'e-2041'."),
+          {"event_id": prop(ID, EVENT_ID),
            "email": prop(EMAIL, "Colleague's email address.")},
           required=("event_id", "email"), writes=True)
     def invite_attendee(self, event_id: str, email: str) -> dict:
@@ -292,7 +293,7 @@ class CalendarWorld(World):
         return self._detail(event_id)
 
     @tool("Remove an attendee from one of your events.",
-          {"event_id": prop(ID, "Event id, e.g. 'e-2041'."),
+          {"event_id": prop(ID, EVENT_ID),
            "email": prop(EMAIL, "Attendee's email address.")},
           required=("event_id", "email"), writes=True)
     def remove_attendee(self, event_id: str, email: str) -> dict:
@@ -304,7 +305,7 @@ class CalendarWorld(World):
 
     @tool("Answer an invitation to an event someone else organizes. Declined events do not "
           "block your free slots.",
-          {"event_id": prop(ID, "Event id, e.g. 'e-2041'."),
+          {"event_id": prop(ID, EVENT_ID),
            "response": enum(RESPONSES, "Your answer.")},
           required=("event_id", "response"), writes=True)
     def respond_to_event(self, event_id: str, response: str) -> dict:
