@@ -31,7 +31,11 @@ def _config(tmp: Path, mode: str = "share") -> Path:
     cfg = {
         "model": "tiny", "task_file": str(_task_file(tmp / "tasks.jsonl")), "tool_distractors": 0, "steps": 2,
         "tasks_per_step": 2, "group_size": 2, "threads": 1, "mode": mode, "seed": 3,
-        "rollout": {"max_turns": 2, "caller_max_new_tokens": 8, "simulator_max_new_tokens": 8, "max_batch": 8},
+        # fp32 in process as on the (fp32) server: a task-file run would otherwise take bf16 where the
+        # machine computes it natively (experiments/data_defaults.py), and sample other tokens
+        "rollout": {"max_turns": 2, "caller_max_new_tokens": 8, "simulator_max_new_tokens": 8, "max_batch": 8,
+                    "dtype": "float32"},
+        "mixed_precision": "no",
         "prompt": {"max_examples": 1},
         "grpo": {"lr": 1e-2},
         "lora": {"enabled": True, "r": 2, "alpha": 4},
