@@ -72,6 +72,10 @@ class RolloutSettings(_Section):
     examples_as_recorded: bool = Field(True, description="a rehearsed call that matches one of the task's "
                                        "recorded examples (same tool, same arguments after JSON normalisation) is "
                                        "answered with the recorded result, not generated")
+    progress_weight: float = Field(0.0, ge=0, le=1, description="training reward only: an unsolved episode of a "
+                                   "task with a reference earns this share of its in-order progress along the "
+                                   "reference's calls (r + w (1 - r) p); full marks still need every checklist "
+                                   "item, and evals never count it. 0: off")
     truncation_warnings: bool = Field(True, description="say once per role when more than 10% of its turns "
                                       "(or of the warm start's turns) stop at the token cap (off for runs not meant to learn, such as "
                                       "configs/smoke.yaml; the eval table's truncated/* rows still count them)")
@@ -89,7 +93,7 @@ class RolloutSettings(_Section):
 
     def episodes(self, group_size: int) -> RolloutConfig:
         """The episode engine's settings for ``group_size`` episodes per task under this section."""
-        return RolloutConfig(group_size=group_size, max_turns=self.max_turns)
+        return RolloutConfig(group_size=group_size, max_turns=self.max_turns, progress_weight=self.progress_weight)
 
     def generation(self, style: PromptStyle, temperature: float | None = None) -> GenerationSettings:
         """This section's generation settings with the prompt ``style``; ``temperature``: both

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 from envace.core.types import Task, Trajectory
@@ -171,7 +171,7 @@ class WorldTasks(TaskSet):
             source.record_samples = False
         progress = log_turns(log, "  eval: ", cfg.rollout.max_turns) if log else None
         trajs, _ = run_episodes(tasks, actor, source,
-                                cfg.rollout.episodes(cfg.eval.samples),
+                                replace(cfg.rollout.episodes(cfg.eval.samples), progress_weight=0.0),
                                 judge=judge, on_turn=progress)
         return trajs
 

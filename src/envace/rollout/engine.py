@@ -27,6 +27,9 @@ class RolloutConfig:
     # Index of each task's first episode: a second batch of a task's group (episodes with a
     # rehearsal memory in training) continues the numbering, so (task, index) names one trajectory.
     first_index: int = 0
+    # Training reward only: an unsolved episode of a task with a reference earns this share of its
+    # in-order progress along the reference calls (reward/checklist.py:judge_trajectory); 0: off.
+    progress_weight: float = 0.0
 
 
 @dataclass
@@ -215,7 +218,8 @@ def run_episodes(
                 traj.reward, traj.verdicts = score(ep, traj)
             else:
                 world = ep.state if source.name == "real" else None
-                traj.reward, traj.verdicts = judge_trajectory(ep.task, traj, world=world, judge=judge)
+                traj.reward, traj.verdicts = judge_trajectory(ep.task, traj, world=world, judge=judge,
+                                                              progress_weight=cfg.progress_weight)
         finally:
             finish = getattr(source, "finish", None)
             if callable(finish):
