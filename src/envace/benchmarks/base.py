@@ -12,6 +12,7 @@ a policy through several user turns lives in ``experiments.bench_runner`` (it ne
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -133,8 +134,6 @@ def per_category_accuracy(scores: list[BenchScore]) -> dict[str, dict[str, float
 
 def tool_result(value: Any) -> dict:
     """A benchmark tool's return value as the JSON object our worlds answer with."""
-    import json
-
     if isinstance(value, dict):
         try:
             return json.loads(json.dumps(value, default=str))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from envace.core.sampling import SamplingParams
+
 DEFAULT_SYSTEM = ("You grade a conversation between a user and an assistant that uses tools. Answer YES if the "
                   "conversation satisfies the criterion, NO otherwise, then one short reason.")
 
@@ -20,8 +22,6 @@ class YesNoJudge:
         self.max_transcript_chars = max_transcript_chars
 
     def judge(self, criteria: list[str], transcript: str) -> list[bool]:
-        from envace.core.sampling import SamplingParams
-
         if not criteria:
             return []
         tok = self.backend.tokenizer

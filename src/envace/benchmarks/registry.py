@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from envace.benchmarks.base import Adapter
+from envace.benchmarks.bfcl import BFCLAdapter
+from envace.benchmarks.finmcp import FinMCPAdapter
+from envace.benchmarks.tau2 import Tau2Adapter
+from envace.benchmarks.vitabench import VitaBenchAdapter
 
 
 def _adapters() -> dict[str, Adapter]:
-    from envace.benchmarks.bfcl import BFCLAdapter
-    from envace.benchmarks.finmcp import FinMCPAdapter
-    from envace.benchmarks.tau2 import Tau2Adapter
-    from envace.benchmarks.vitabench import VitaBenchAdapter
-
     return {a.name: a for a in (BFCLAdapter(), Tau2Adapter(), VitaBenchAdapter(), FinMCPAdapter())}
 
 
@@ -29,8 +30,6 @@ def get_adapter(name: str) -> Adapter:
 def listing(data_dir: str | None = None) -> list[dict]:
     """What ``envace bench list`` shows: per benchmark, its categories, installed task counts,
     what it needs and what is not runnable here (and why)."""
-    from pathlib import Path
-
     rows = []
     d = Path(data_dir) if data_dir else None
     for a in _adapters().values():

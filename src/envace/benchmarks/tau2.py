@@ -24,14 +24,18 @@ holding ``tau2/<domain>/tasks.json``.
 from __future__ import annotations
 
 import copy
+import importlib
 import json
+import sys
 import uuid
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from envace.benchmarks.base import BenchEpisode, BenchItem, BenchScore, Category, has_module
 from envace.benchmarks.data import bench_dir
+from envace.benchmarks.judge import YesNoJudge
 from envace.benchmarks.users import DEFAULT_GUIDELINES, LLMUser
 from envace.core.errors import VALIDATION_CODES, error_code, tool_error
 from envace.core.types import FunctionSpec, Message, Task, ToolCall, ToolSpec
@@ -56,9 +60,7 @@ def require() -> None:
 
 def _quiet() -> None:
     """tau2 logs every tool response at DEBUG through loguru (megabytes per episode): keep warnings."""
-    import sys
-
-    from loguru import logger
+    from loguru import logger  # the bench extra (tau2 logs through it)
 
     logger.remove()
     logger.add(sys.stderr, level="ERROR")
@@ -68,8 +70,6 @@ _QUIETED = False
 
 
 def _domain_module(domain: str):
-    import importlib
-
     global _QUIETED
     if not _QUIETED:
         _quiet()
@@ -277,8 +277,6 @@ NL_JUDGE_SYSTEM = ("You are given a conversation between a customer-service agen
 
 
 def _guidelines() -> str:
-    from importlib import resources
-
     try:
         return (resources.files("tau2") / "data" / "tau2" / "user_simulator" / "simulation_guidelines.md").read_text()
     except (FileNotFoundError, ModuleNotFoundError):
@@ -314,8 +312,6 @@ class Tau2Adapter:
         self.judge: Any | None = None  # NL-assertion judge (a YesNoJudge), set by the runner
 
     def set_judge(self, backend: Any) -> None:
-        from envace.benchmarks.judge import YesNoJudge
-
         self.judge = YesNoJudge(backend, system=NL_JUDGE_SYSTEM)
 
     def available(self, data_dir: Path | None = None) -> tuple[bool, str]:

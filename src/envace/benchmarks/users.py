@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from envace.core.sampling import SamplingParams
 from envace.core.types import Message
 
 STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
@@ -42,8 +43,6 @@ class LLMUser:
         return chat
 
     def _generate(self, chats: list[list[dict]]) -> list[str]:
-        from envace.core.sampling import SamplingParams
-
         tok = self.backend.tokenizer
         prompts = [list(tok(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True),
                             add_special_tokens=False)["input_ids"]) for c in chats]
