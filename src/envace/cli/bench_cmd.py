@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+# Every command module loads for `envace --help`: the benchmark adapters, jobs and rich are imported by
+# the handlers that use them.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -113,8 +117,6 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from envace.benchmarks.registry import get_adapter
 
     adapter = get_adapter(args.bench)

@@ -15,6 +15,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+# envace.experiments.config is imported where it is used: it pulls in torch, and this module loads
+# for `envace --help`.
+
 
 @dataclass(frozen=True)
 class FieldInfo:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from envace.cli.bench_cmd import add_eval_arguments, job_from_args
 from envace.cli.task_args import add_task_source_args
 
 
@@ -77,14 +78,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs", help="parent folder of the run directory")
     p.add_argument("--name", default=None, help="run directory name (default eval-<time>-<id>)")
-    from envace.cli.bench_cmd import add_eval_arguments
-
     add_eval_arguments(p, bench_required=False, common=False)
     p.set_defaults(func=_run)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from envace.cli.bench_cmd import job_from_args
     from envace.experiments.bench_job import run_bench_job
 
     wrong = [flag for flag, on in (("--sweep", args.sweep),

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+# Every command module loads for `envace --help`: the export and dataset modules are imported by the
+# handlers that use them.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a trained model as a plain transformers directory")

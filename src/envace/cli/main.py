@@ -10,14 +10,13 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+from envace import __version__
 from envace.cli import bench_cmd, config_cmd, eval_cmd, export_cmd, report_cmd, rollout_cmd, serve_cmd, tasks_cmd, train_cmd
 
 COMMANDS = [rollout_cmd, train_cmd, eval_cmd, report_cmd, serve_cmd, bench_cmd, tasks_cmd, export_cmd, config_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from envace import __version__
-
     parser = argparse.ArgumentParser(prog="envace", description="World-rehearsal agentic RL for tool-using LLMs")
     parser.add_argument("--version", action="version", version=f"envace {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -7,6 +7,9 @@ from pathlib import Path
 
 from envace.experiments.rundir import RunDir
 
+# Every command module loads for `envace --help`: the report module (plots, tables) is imported by its
+# handler.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write summary.md and plots of run directories")

@@ -6,6 +6,9 @@ import argparse
 import json
 import sys
 
+# Every command module loads for `envace --help`: the task checker, the Task model and the world registry
+# are imported by the handlers that use them.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tasks", help="task files: validate, schema, tools (docs/tasks.md)")

@@ -6,8 +6,11 @@ import argparse
 import os
 import shlex
 
-from envace.experiments.config import load_config, parse_config
+from envace.cli.config_cmd import check_override_keys
 from envace.experiments.rundir import RunDir
+
+# The config and job modules are imported by the handlers that use them: every
+# command module loads for `envace --help`, and the config alone pulls in torch (its update settings).
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,7 +64,7 @@ def _values(args: argparse.Namespace) -> dict:
 
 
 def _config(args: argparse.Namespace):
-    from envace.cli.config_cmd import check_override_keys
+    from envace.experiments.config import apply_overrides, load_config, parse_config
 
     check_override_keys(args.set)  # a typo is the flag's fault, not the YAML's: say so, and the nearest field
     overrides = list(args.set)
@@ -70,8 +73,6 @@ def _config(args: argparse.Namespace):
     if getattr(args, "resume", None):
         # The run's own resolved config is what continues; only explicit overrides apply on top.
         base = RunDir.open(args.resume).config()
-        from envace.experiments.config import apply_overrides
-
         return parse_config({**apply_overrides(base, overrides), **_values(args)}, f"{args.resume}/config.yaml")
     return load_config(args.config, overrides, values=_values(args))
 
