@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import hashlib
 import json
 import math
 import threading
@@ -251,8 +252,6 @@ def table_digests(query: Any, tables: list[str] | None = None) -> dict[str, str]
     """sha256 of each table's rows (sorted, so row order does not matter) via ``query(sql)``; all
     tables but SQLite's own when ``tables`` is None. The end state a task's ``end_state`` item
     compares: any write the reference did not make changes some table's digest."""
-    import hashlib
-
     if tables is None:
         tables = [r[0] for r in query("SELECT name FROM sqlite_master WHERE type = 'table' "
                                       "AND name NOT LIKE 'sqlite_%' ORDER BY name")]

@@ -35,6 +35,9 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
+import typing_extensions
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
 from envace.core.errors import INVALID_PARAMETERS, tool_error
 from envace.core.types import EnvRef, ToolCall, ToolSpec
 from envace.envs.provider import (ENVIRONMENT_ERROR, MAX_RESULT_CHARS, TOOL_EXECUTION_ERROR, ResultPolicy, WorldProvider, check_call,
@@ -108,8 +111,6 @@ class ToolSchemaError(ValueError):
 def _is_typeddict(hint: Any) -> bool:
     """A ``typing.TypedDict`` or a ``typing_extensions.TypedDict`` (``typing.is_typeddict`` does not
     know the latter before Python 3.12, and pydantic requires it there)."""
-    import typing_extensions
-
     return typing.is_typeddict(hint) or typing_extensions.is_typeddict(hint)
 
 
@@ -122,8 +123,6 @@ def _is_structured(hint: Any, depth: int = 0) -> bool:
         if _is_typeddict(hint) or dataclasses.is_dataclass(hint):
             return True
         try:
-            from pydantic import BaseModel
-
             if issubclass(hint, BaseModel):
                 return True
         except TypeError:
@@ -135,8 +134,6 @@ def pydantic_hint(hint: Any, memo: dict[int, Any] | None = None) -> Any:
     """``hint`` with every ``typing.TypedDict`` rebuilt as a ``typing_extensions.TypedDict``
     (which pydantic requires before Python 3.12), inside lists, dicts, unions, Annotated and the
     fields of other TypedDicts (a ``typing_extensions`` one is rebuilt only when a field changes)."""
-    import typing_extensions
-
     memo = {} if memo is None else memo
     if id(hint) in memo:
         return memo[id(hint)]
@@ -245,8 +242,6 @@ def _closed(schema: Any) -> Any:
 
 def pydantic_schema(hint: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the JSON schema of ``hint`` with its definitions inlined, the definitions a recursive type still needs)."""
-    from pydantic import TypeAdapter
-
     raw = _closed(TypeAdapter(pydantic_hint(hint)).json_schema())
     defs = raw.pop("$defs", {}) or {}
     inlined = _inline(raw, defs)
@@ -517,8 +512,6 @@ class PythonEnvironment:
         tool_ = self.provider._tools[name]
         kwargs = dict(arguments)
         if tool_.structured:
-            from pydantic import TypeAdapter, ValidationError
-
             for k, hint in tool_.structured.items():
                 if k in kwargs:
                     try:

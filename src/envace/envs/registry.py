@@ -24,6 +24,9 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+import yaml
+from pydantic import ValidationError
+
 from envace.envs.bank import BankWorld
 from envace.envs.calendar import CalendarWorld
 from envace.envs.mcp_world import MCPSpec, MCPWorld
@@ -143,9 +146,6 @@ def resolve_world(spec: str | MCPSpec | dict) -> WorldProvider:
 
 def _mcp_file(path: Path) -> MCPSpec:
     """An MCP server's settings in a YAML file (command or url, reset_tool, timeouts, ...)."""
-    import yaml
-    from pydantic import ValidationError
-
     if not path.is_file():
         raise ValueError(f"world {path}: no such file")
     try:
