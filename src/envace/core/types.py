@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import jsonschema
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from envace.core.patterns import schema_patterns, unsafe_pattern
@@ -55,8 +56,6 @@ class ToolSpec(_Strict):
     def _valid_output_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
         if schema is None:
             return None
-        import jsonschema
-
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.exceptions.SchemaError as e:
