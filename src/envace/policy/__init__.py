@@ -6,6 +6,7 @@ backend import torch/transformers (seconds), so they are only imported when firs
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from envace.policy.backend import GenerationBackend
@@ -34,7 +35,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'envace.policy' has no attribute {name!r}")

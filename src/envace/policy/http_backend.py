@@ -35,11 +35,13 @@ import urllib.parse
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx2
 
 from envace.core.sampling import FinishReason, Generation, SamplingParams
+from envace.core.toolcall import parse_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -413,8 +415,6 @@ def chat_result(response: dict[str, Any], url: str = "") -> ChatResult:
         calls.append(ChatToolCall(id=str(tc.get("id") or f"call_{i}"), name=str(fn.get("name") or ""),
                                   arguments=args, raw_arguments=raw_text, arguments_ok=ok))
     if not calls and isinstance(content, str) and "<tool_call>" in content:
-        from envace.core.toolcall import parse_tool_calls  # core sits below policy
-
         parsed_turn = parse_tool_calls(content)
         if parsed_turn.calls:
             calls = [ChatToolCall(id=f"call_{i}", name=c.name, arguments=dict(c.arguments),
@@ -480,8 +480,7 @@ def _clip(obj: Any, n: int = 500) -> str:
 def _resolve_tokenizer(tokenizer: Any) -> Any:
     if tokenizer is None or not isinstance(tokenizer, str):
         return tokenizer
-    from pathlib import Path
-
+    # transformers only here: the HTTP client itself runs without torch and transformers
     path = Path(tokenizer).expanduser()
     if path.is_dir() and (path / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer

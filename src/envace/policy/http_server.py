@@ -48,7 +48,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from envace.core.prompts import template_supports_tools
 from envace.core.sampling import Generation, SamplingParams
+from envace.core.toolcall import CALL_CLOSE, CALL_OPEN, parse_tool_calls
 
 log = logging.getLogger(__name__)
 request_log = logging.getLogger("envace.serve")
@@ -346,8 +348,6 @@ class OpenAIServer:
                      logprobs=req.logprobs is not None, token_ids_as_text=as_ids)
 
     def _chat(self, req: ChatRequest) -> _Plan:
-        from envace.core.toolcall import CALL_OPEN, parse_tool_calls
-
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
             raise RequestError(f"response_format type {req.response_format.get('type')!r} is not supported: "
                                "envace serve cannot constrain the output (only 'text')", param="response_format")
@@ -417,7 +417,7 @@ class OpenAIServer:
         path = body.get("path")
         if not isinstance(path, str) or not path:
             raise RequestError("path must name a safetensors file", param="path")
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # torch only here: the server wraps any backend
 
         try:
             weights = load_file(path)
@@ -441,9 +441,6 @@ class OpenAIServer:
 
     def render_chat(self, messages: Any, tools: list[dict[str, Any]] | None, prefill: str = "") -> list[int]:
         """Token ids of the chat prompt (generation prompt appended, then ``prefill``)."""
-        from envace.core.prompts import template_supports_tools
-        from envace.core.toolcall import CALL_CLOSE, CALL_OPEN
-
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise RequestError("messages must be a non-empty list of objects", param="messages")
         tok = self.tokenizer
@@ -559,8 +556,6 @@ class OpenAIServer:
         head = _head("chat.completion.chunk" if chat else "text_completion", self.model_name)
         holds = list(plan.params.stop)
         if plan.tools:
-            from envace.core.toolcall import CALL_CLOSE
-
             holds += ["<tool_call", CALL_CLOSE]  # parse_tool_calls reads a turn with either as a call attempt
         eos = getattr(self.backend, "eos_ids", None)
         eos = frozenset(eos) if eos is not None else frozenset({self.tokenizer.eos_token_id})

@@ -38,12 +38,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import gguf
 import numpy as np
+import torch
+from gguf import GGMLQuantizationType, quants
 
 from envace.core.sampling import FinishReason, Generation, SamplingParams
+from envace.policy.transformers_backend import first_stop_end, row_seed, sample_next
+from envace.policy.vllm_backend import vllm_weights
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
     from transformers import PreTrainedTokenizerBase
 
@@ -102,9 +106,6 @@ def _tensor_type(name: str, quant: str) -> str:
 
 
 def _encode(t: "torch.Tensor", kind: str) -> tuple[np.ndarray, Any]:
-    import torch
-    from gguf import GGMLQuantizationType
-
     if kind == "BF16":  # torch rounds to bf16 natively; numpy has no bf16
         return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), GGMLQuantizationType.BF16
     if kind == "F32":
@@ -115,9 +116,6 @@ def _encode(t: "torch.Tensor", kind: str) -> tuple[np.ndarray, Any]:
 def quantize_blocks(t: "torch.Tensor", kind: str) -> np.ndarray:
     """``t`` [rows, cols] in ggml's Q8_0 or Q4_1 blocks of 32, as uint8 [rows, bytes per row], by the
     ``gguf`` package's own quantiser (what llama.cpp's converter writes)."""
-    import torch
-    from gguf import GGMLQuantizationType, quants
-
     if kind not in ("Q8_0", "Q4_1"):
         raise ValueError(f"no block quantisation {kind!r}")
     if t.shape[-1] % 32:
@@ -135,9 +133,6 @@ def write_gguf(weights: Iterable[tuple[str, "torch.Tensor"]], config: Any, path:
     that is still the same storage, autograd version and sum as at the last call (a frozen weight
     next to LoRA: the embedding, the norms) is not encoded again. Temporaries (LoRA-merged
     weights) are never kept: a later one may be allocated at the same address."""
-    import gguf
-    import torch
-
     if quant not in QUANTS:
         raise ValueError(f"llama.cpp quant must be one of {', '.join(QUANTS)}, got {quant!r}")
     if getattr(config, "model_type", "llama") != "llama":
@@ -284,8 +279,6 @@ class LlamaCppBackend:
         self.tokenizer = tokenizer
         self.quant, self.max_batch, self.n_ctx = quant, max_batch, n_ctx
         if n_threads is None:
-            import torch
-
             n_threads = torch.get_num_threads()
         self.n_threads = max(1, int(n_threads))
         self._tmp = None
@@ -313,8 +306,6 @@ class LlamaCppBackend:
     def sync_weights(self, model: "nn.Module") -> int:
         """Write ``model``'s current weights (LoRA merged out of place) as GGUF and reload; returns
         the number of tensors written."""
-        from envace.policy.vllm_backend import vllm_weights
-
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         config = base.config
         generation = getattr(base, "generation_config", None)
@@ -378,10 +369,6 @@ class LlamaCppBackend:
 
     def _run(self, prompts: Sequence[list[int]], rows: list[int], params: SamplingParams,
              results: list[Generation | None]) -> None:
-        import torch
-
-        from envace.policy.transformers_backend import row_seed, sample_next
-
         e, C = self._engine, self.C
         assert e is not None
         C.llama_kv_cache_clear(e.ctx)
@@ -472,8 +459,6 @@ class LlamaCppBackend:
 
     def _finished(self, token_ids: list[int], logprobs: list[float], params: SamplingParams) -> Generation | None:
         """The transformers backend's stopping rule (EOS, stop string, length)."""
-        from envace.policy.transformers_backend import first_stop_end
-
         if token_ids[-1] in self.eos_ids:
             return _result(token_ids, logprobs, self._decode_text(token_ids[:-1]), "stop")
         if params.stop:

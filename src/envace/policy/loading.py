@@ -334,7 +334,7 @@ def _load_hf_dir(
 
 
 def _load_adapter(path: Path, dtype: torch.dtype, merge_lora: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    from peft import PeftModel
+    from peft import PeftModel  # seconds to import: only when a LoRA adapter is loaded
 
     base_spec = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base_spec:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 
 def usable_cores() -> int:
     try:
@@ -69,8 +71,6 @@ def _several_ranks() -> bool:
 
 def apply_threads(threads: int | None, log=None) -> int:
     """Set torch's thread count: ``threads`` when given, else :func:`default_threads`; returns it."""
-    import torch
-
     if not threads and _several_ranks():
         return torch.get_num_threads()
     n = threads or default_threads()
@@ -90,8 +90,6 @@ class AdaptiveThreads:
         self._last = time.perf_counter()
 
     def check(self) -> int:
-        import torch
-
         if self.fixed or _several_ranks():
             return self.current
         if time.perf_counter() - self._last < self.every_s:

@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from envace.policy.kv_reuse import KVStore
+from envace.policy.loading import load_model
 from envace.policy.prefixes import PrefixPlan, pad_rows, plan_shared_prefixes, prefix_inputs
 from envace.core.sampling import FinishReason, Generation, SamplingParams
 
@@ -92,8 +93,6 @@ class TransformersBackend:
     @classmethod
     def from_spec(cls, spec: str, dtype: torch.dtype = torch.float32, **kw: Any) -> "TransformersBackend":
         """Load ``spec`` with :func:`envace.policy.loading.load_model` and wrap it."""
-        from envace.policy.loading import load_model
-
         model, tokenizer = load_model(spec, dtype=dtype)
         return cls(model, tokenizer, **kw)
 

@@ -31,15 +31,19 @@ What it does, and what maps to what:
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from envace.core.sampling import FinishReason, Generation, SamplingParams
+from envace.policy.loading import cache_root, load_model
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
 INSTALL_HINT = ("VLLMBackend needs vLLM, which is an optional extra: pip install 'envace[vllm]' "
@@ -164,7 +168,7 @@ def _full(t: "torch.Tensor") -> "torch.Tensor":
 
 def _lora_layers(model: "nn.Module") -> dict[str, Any]:
     try:
-        from peft.tuners.lora import LoraLayer
+        from peft.tuners.lora import LoraLayer  # peft takes seconds to import; no LoRA without it
     except ImportError:
         return {}
     return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
@@ -191,8 +195,6 @@ def vllm_weights(model: "nn.Module") -> Iterator[tuple[str, "torch.Tensor"]]:
     """
     layers = _lora_layers(model)
     if any(getattr(m, "lora_variant", {}) for m in layers.values()):
-        import copy
-
         model, layers = copy.deepcopy(model).merge_and_unload(), {}
     merges = {}
     for name, layer in layers.items():
@@ -224,8 +226,6 @@ def vllm_weights(model: "nn.Module") -> Iterator[tuple[str, "torch.Tensor"]]:
 
 def _merged(layer: Any, kind: str, value: "torch.Tensor") -> "torch.Tensor":
     """``value`` (the base layer's weight or bias) plus the deltas of the active, unmerged adapters."""
-    import torch
-
     active = [] if getattr(layer, "disable_adapters", False) else list(layer.active_adapters)
     already = set(getattr(layer, "merged_adapters", []) or [])
     out = _full(value)
@@ -294,8 +294,6 @@ def inprocess_model(llm: Any) -> Any | None:
 
 
 def _load_in_worker(model: Any, weights: list[tuple[str, Any]]) -> int:
-    import torch
-
     device = next(model.parameters()).device
     model.load_weights([(n, t.to(device)) for n, t in weights])
     if device.type == "cuda":
@@ -365,13 +363,9 @@ class VLLMBackend:
         """A backend for any :func:`envace.policy.loading.load_model` spec: a local HF directory is
         used as is; other specs (``smollm2``, a .gguf, a LoRA adapter) are saved once as a merged
         HF directory (vLLM loads from disk) under ``cache_dir`` (default: envace's cache)."""
-        from pathlib import Path
-
         path = Path(spec).expanduser()
         if path.is_dir() and (path / "config.json").is_file():
             return cls(model=str(path), **engine_kwargs)
-        from envace.policy.loading import cache_root, load_model
-
         target = Path(cache_dir) if cache_dir else cache_root() / "vllm" / re.sub(r"[^A-Za-z0-9_.-]+", "_", spec)
         if not (target / "config.json").is_file():
             model, tokenizer = load_model(spec, merge_lora=True)

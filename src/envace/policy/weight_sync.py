@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
 from torch import nn
 
 from envace.policy.vllm_backend import vllm_weights
@@ -26,8 +27,6 @@ from envace.policy.vllm_backend import vllm_weights
 def save_served_weights(model: nn.Module, path: Path) -> int:
     """Write ``model``'s weights, merged and under their HF names, to ``path`` (atomically: a
     server never reads half a file). Returns the number of tensors."""
-    from safetensors.torch import save_file
-
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in vllm_weights(model)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
