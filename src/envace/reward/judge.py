@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from envace.core.sampling import SamplingParams
 from envace.core.types import Task, Trajectory
 
 JUDGE_SYSTEM = (
@@ -27,8 +28,6 @@ class ModelJudge:
     max_new_tokens: int = 24
 
     def judge(self, criterion: str, task: Task, trajectory: Trajectory) -> tuple[bool, str]:
-        from envace.core.sampling import SamplingParams  # policy sits below reward
-
         tok = self.backend.tokenizer
         chat = [
             {"role": "system", "content": JUDGE_SYSTEM},

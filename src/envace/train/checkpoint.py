@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_model
 from torch import nn
+from transformers.utils import logging as hf_logging
 
 CHECKPOINT_PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
@@ -66,7 +68,7 @@ def capture_rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
-        import numpy as np
+        import numpy as np  # optional here: the state is saved without it
 
         name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
         state["numpy"] = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
@@ -95,7 +97,7 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
 
 def _is_peft(model: nn.Module) -> bool:
     try:
-        from peft import PeftModel
+        from peft import PeftModel  # seconds to import; a model cannot be a PeftModel without it
     except ImportError:
         return False
     return isinstance(model, PeftModel)
@@ -105,8 +107,6 @@ def _is_peft(model: nn.Module) -> bool:
 def _no_shard_bar():
     """Hide transformers' "Writing model shards" bar: with a checkpoint every step it floods the
     training log (one bar per save) under the run's own progress bar."""
-    from transformers.utils import logging as hf_logging
-
     was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -122,14 +122,10 @@ def _save_model(model: nn.Module, directory: Path) -> None:
         with _no_shard_bar():
             model.save_pretrained(directory, safe_serialization=True)
     else:
-        from safetensors.torch import save_model
-
         save_model(model, str(directory / "model.safetensors"))
 
 
 def _read_safetensors(directory: Path, single: str, index: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     if (directory / single).exists():
         return load_file(str(directory / single))
     if (directory / index).exists():  # sharded save_pretrained

@@ -218,6 +218,7 @@ def _fully_shard(accelerator: Any, up: GRPOUpdater, optimizer_state: Mapping[str
     weights are gathered for its forward and backward only), the root holds the rest (embeddings,
     head, final norm). The original model stays whole on every rank as the rollout replica. The
     optimiser is rebuilt over the sharded parameters with the same class and hyper-parameters."""
+    # FSDP's modules take about a second to import; only parallel: fsdp needs them
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
