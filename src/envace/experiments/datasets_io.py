@@ -19,12 +19,20 @@ task's nested fields, the ``tools`` column (TRL's SFTTrainer ``json.loads`` it) 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
+from envace.core.jsonl import read_jsonl_dicts
+from envace.core.prompts import CALLER_SYSTEM
+from envace.core.toolcall import parse_tool_calls
 from envace.core.types import Task
+
+# envace.experiments.tasks is imported where used: it imports the task checker, which reads Parquet
+# rows with this module (an import cycle at module level).
 
 TASK_NESTED = ("tools", "checklist", "examples", "env", "reference")
 SPLITS = ("train", "test")
@@ -52,7 +60,7 @@ def _parquet_files(path: Path) -> list[Path]:
 
 def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     """(``file:row N`` for error messages, row) for every row of a Parquet file or dataset dir."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # the datasets extra brings pyarrow
 
     p = Path(path)
     if not p.exists():
@@ -101,9 +109,6 @@ def _openai_messages(msgs: list[dict[str, Any]], task: Task | None) -> list[dict
     where it does not apply) so the rows share one Parquet type. With the task known, its caller
     system prompt comes first (the ``tools`` column is rendered into it by the exported chat
     template, as training did)."""
-    from envace.core.prompts import CALLER_SYSTEM
-    from envace.core.toolcall import parse_tool_calls
-
     def msg(role: str, content: str, tool_calls: list | None = None, tool_call_id: str | None = None,
             name: str | None = None, rehearsed: bool | None = None) -> dict[str, Any]:
         return {"role": role, "content": content, "tool_calls": tool_calls, "tool_call_id": tool_call_id,
@@ -167,8 +172,6 @@ def write_dataset(split_rows: dict[str, list[dict[str, Any]]], to: str | Path, k
                   force: bool = False) -> Path:
     """Rows of each split as ``DIR/data/SPLIT-*.parquet`` plus a dataset card, written in a
     temporary sibling and renamed into place (an interrupted export leaves nothing half-written)."""
-    import shutil
-
     try:
         from datasets import Dataset
     except ImportError:
@@ -194,8 +197,6 @@ def write_dataset(split_rows: dict[str, list[dict[str, Any]]], to: str | Path, k
 def run_tasks(run: Path) -> dict[str, Task]:
     """The tasks a run drew from, by id, rebuilt from its config.yaml (a run records task ids
     only); empty when they cannot be rebuilt."""
-    import yaml
-
     from envace.experiments.tasks import select_tasks
 
     try:
@@ -206,7 +207,7 @@ def run_tasks(run: Path) -> dict[str, Task]:
         return {}
     try:
         if "worlds" in cfg:  # a training run
-            from envace.experiments.config import TrainConfig
+            from envace.experiments.config import TrainConfig  # pulls in torch: only for a training run
 
             c = TrainConfig.model_validate(cfg)
             world, task_file, real_world = ",".join(c.worlds), c.task_file, c.world
@@ -249,8 +250,6 @@ as training did; other models' templates render them their own way.
 
 
 def export_trajectories(run: str | Path, to: str | Path, force: bool = False, log=print) -> Path:
-    from envace.core.jsonl import read_jsonl_dicts
-
     run = Path(run)
     if not run.is_dir():
         raise FileNotFoundError(f"export: {run}: no such run directory")

@@ -41,12 +41,17 @@ from typing import Any, Literal
 
 import jsonschema
 from pydantic import ValidationError
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012, specification_with
 
 from envace.core.jsonl import _field_path
 from envace.core.patterns import schema_patterns, unsafe_pattern
 from envace.core.tools import unguarded_warning
 from envace.core.types import EnvRef, Task
-from envace.core.validate import schema_error
+from envace.core.validate import NO_RETRIEVAL, schema_error
+from envace.envs.registry import registered_worlds, resolve_world, spec_key, spec_label
+from envace.experiments.datasets_io import TASK_NESTED, read_rows
 
 MAX_SCHEMA_DEPTH = 100  # deeper tool schemas are refused rather than walked
 TRUST_HINT = ("a task file may name such a world only when you pass --trust-task-worlds (trust_task_worlds: true "
@@ -135,8 +140,6 @@ def _jsonl_objects(path: Path) -> Iterator[tuple[int, Any, Problem | None]]:
 
 
 def _dataset_objects(path: Path) -> Iterator[tuple[str, Any, Problem | None, str]]:
-    from envace.experiments.datasets_io import TASK_NESTED, read_rows
-
     for where, row in read_rows(path):
         file, _, row_label = where.rpartition(":")
         row = {k: v for k, v in row.items() if v is not None}
@@ -191,8 +194,6 @@ def read_task_file(path: str | Path) -> CheckedTasks:
 def world_risk(spec: str) -> str | None:
     """What naming ``spec`` would make envace do that a data file must not (None: nothing:
     a registered world)."""
-    from envace.envs.registry import registered_worlds
-
     s = spec.strip()
     if s in registered_worlds():
         return None
@@ -209,8 +210,6 @@ def world_risk(spec: str) -> str | None:
 
 
 def _same_world(spec: Any, world: Any) -> bool:
-    from envace.envs.registry import spec_key
-
     if world is None:
         return False
     try:
@@ -244,12 +243,6 @@ _TOO_DEEP = object()
 def schema_problems(schema: Any, where: str) -> list[tuple[str, str]]:
     """(field, problem) for a tool's ``parameters``: meta-validation, then every ``$ref`` local
     and resolvable. Nothing is fetched: the registry has no retrieval."""
-    from referencing import Registry
-    from referencing.exceptions import Unresolvable
-    from referencing.jsonschema import DRAFT202012, specification_with
-
-    from envace.core.validate import NO_RETRIEVAL
-
     refs = list(_walk_refs(schema, where))
     if any(ref is _TOO_DEEP for _, ref in refs):
         return [(where, f"nested more than {MAX_SCHEMA_DEPTH} levels deep")]
@@ -318,8 +311,6 @@ class _Worlds:
         self.listings: dict[str, dict[str, Any]] = {}
 
     def provider(self, spec: Any) -> tuple[Any, str | None]:
-        from envace.envs.registry import resolve_world, spec_key
-
         key = spec_key(spec)
         if key not in self.providers and key not in self.failures:
             try:
@@ -329,8 +320,6 @@ class _Worlds:
         return self.providers.get(key), self.failures.get(key)
 
     def tools(self, spec: Any) -> tuple[dict[str, Any] | None, str | None]:
-        from envace.envs.registry import spec_key
-
         key = spec_key(spec)
         if key in self.listings:
             return self.listings[key], None
@@ -493,8 +482,6 @@ def _check_task(task: Task, world: Any, trust: bool, worlds: _Worlds) -> Found:
 
 
 def _label(spec: Any) -> str:
-    from envace.envs.registry import spec_label
-
     return repr(spec_label(spec))
 
 
