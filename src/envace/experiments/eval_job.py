@@ -30,12 +30,15 @@ from typing import Any
 from envace.core.prompts import PromptStyle
 from envace.core.types import Task
 from envace.experiments.eval_models import EvalModels, load_eval_backend, resolve_eval_models
-from envace.experiments.factory import GenerationSettings, make_actor
+from envace.experiments.eval_report import condition_table, print_eval_summary, write_eval_report
+from envace.experiments.factory import GenerationSettings, load_backend, make_actor
 from envace.experiments.failures import failure_rows
 from envace.experiments.gap import failure_metrics, gap_metrics, gap_sources, run_gap
 from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
 from envace.envs.registry import world_names
+from envace.policy.threads import apply_threads
+from envace.reward.judge import ModelJudge
 from envace.rollout.actors import OracleActor, PolicyActor
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.stats import log_turns
@@ -280,16 +283,11 @@ def build_parts(job: EvalJob, caller: Any, simulator_backend: Any, style: Prompt
                                 max_chars=job.memory_max_chars)
     judge = None
     if job.judge_model:
-        from envace.experiments.factory import load_backend
-        from envace.reward.judge import ModelJudge
-
         judge = ModelJudge(caller if job.judge_model == job.model else load_backend(job.judge_model, job.max_batch))
     return EvalParts(commit_actor, rehearsal_actor, simulator, fidelity, writer, style, judge)
 
 
 def run_testtime_part(job: EvalJob, tasks: list[Task], parts: EvalParts, run: RunDir, log=print) -> list:
-    from envace.experiments.eval_report import condition_table
-
     if job.sweep:
         results, rsets = budget_sweep(tasks, parts.rehearsal_actor, parts.commit_actor, parts.simulator,
                                       job.budgets, tuple(job.modes), parts.writer, job.max_turns, log,
@@ -406,8 +404,6 @@ def run_eval_job(job: EvalJob, log=print) -> RunDir:
     fid_tasks = eval_tasks(job, job.fidelity_tasks or job.tasks) if job.fidelity else []
     for note in models.notes:
         log(note)
-    from envace.policy.threads import apply_threads
-
     apply_threads(job.threads, log)
     caller = load_eval_backend(models.caller, job.max_batch, job.device, job.dtype, job.kv_reuse_tokens,
                                job.llamacpp_quant)
@@ -426,8 +422,6 @@ def run_eval_job(job: EvalJob, log=print) -> RunDir:
             run_gap_part(job, tasks, parts, results, run, log)
     if job.fidelity:
         run_fidelity_part(job, fid_tasks, parts, run, log)
-    from envace.experiments.eval_report import print_eval_summary, write_eval_report
-
     path = write_eval_report(run)
     print_eval_summary(run)
     log(f"eval done in {time.perf_counter() - t0:.0f} s; report: {path}")

@@ -19,6 +19,9 @@ from typing import Any
 import yaml
 
 from envace.core.prompts import PromptStyle
+from envace.policy.llamacpp_backend import LlamaCppBackend, import_binding
+from envace.policy.loading import ModelSpecError, load_model
+from envace.policy.transformers_backend import TransformersBackend, generation_dtype
 
 _MODEL_FILES = ("config.json", "adapter_config.json")
 
@@ -150,18 +153,11 @@ def load_eval_backend(spec: str, max_batch: int = 16, device: str = "cpu", dtype
     load in fp32, as training saw them, and a copy is cast: the same path as rollout.dtype).
     ``llamacpp_quant``: generate on llama.cpp instead, the weights written in this encoding."""
     if llamacpp_quant is not None:
-        from envace.policy.llamacpp_backend import import_binding
-
         import_binding()  # without the extra: an ImportError naming it, before any loading
-    from envace.policy.loading import ModelSpecError, load_model
-    from envace.policy.transformers_backend import TransformersBackend, generation_dtype
-
     low = generation_dtype(dtype)
     try:
         model, tokenizer = load_model(spec)
         if llamacpp_quant is not None:
-            from envace.policy.llamacpp_backend import LlamaCppBackend
-
             return LlamaCppBackend(tokenizer, model, quant=llamacpp_quant, max_batch=max_batch)
         return TransformersBackend(model, tokenizer, max_batch=max_batch, device=device, dtype=low,
                                    kv_reuse_tokens=kv_reuse_tokens)

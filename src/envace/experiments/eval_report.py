@@ -6,10 +6,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from envace.core.jsonl import read_jsonl_dicts
+from envace.experiments.failures import CLASS_WORDS, FAILURE_CLASSES
 from envace.experiments.figures import save_figure
 from envace.experiments.rundir import RunDir
 from envace.experiments.stats import bootstrap_ci, paired_bootstrap_diff
+from envace.experiments.viewer import write_viewer
 from envace.testtime.fidelity import summarize_fidelity
 
 MODE_ORDER = {"none": 0, "parallel": 1, "sequential": 2}
@@ -103,7 +108,7 @@ def plot_sweep(table: list[dict], path: Path, title: str = "") -> Path | None:
     """Success (with CI) and cost vs rehearsal budget, one line per mode; budget 0 shared."""
     if not table:
         return None
-    import matplotlib
+    import matplotlib  # half a second to import: only when a plot is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -138,7 +143,7 @@ def plot_fidelity(world_rows: list[dict], tool_rows: list[dict], path: Path) -> 
     """Bars per world (all metrics) and per tool (structure, value, field accuracy, exact)."""
     if not world_rows:
         return None
-    import matplotlib
+    import matplotlib  # half a second to import: only when a plot is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -175,8 +180,6 @@ def plot_fidelity(world_rows: list[dict], tool_rows: list[dict], path: Path) -> 
 
 def write_eval_report(run: RunDir) -> Path:
     """summary.md, sweep.png, fidelity.png and viewer.html of an eval run directory."""
-    from envace.experiments.viewer import write_viewer
-
     cfg = run.config()
     committed, rehearsals, fidelity = eval_rows(run)
     seed = int(cfg.get("seed", 0) or 0)
@@ -229,8 +232,6 @@ def write_eval_report(run: RunDir) -> Path:
 def gap_section(run: RunDir) -> list[str]:
     """The rehearsal gap of the plain real run: real vs rehearsal-judged success, the rehearse
     role's fidelity on the real calls and the recorded examples, and the failure classes."""
-    from envace.experiments.failures import CLASS_WORDS, FAILURE_CLASSES
-
     rows = [r for r in run.metrics() if r.get("phase") == "gap"]
     if not rows:
         return []
@@ -267,9 +268,6 @@ def gap_section(run: RunDir) -> list[str]:
 
 
 def print_eval_summary(run: RunDir) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     committed, _, fidelity = eval_rows(run)
     console = Console()
     if committed:

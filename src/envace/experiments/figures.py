@@ -9,7 +9,7 @@ from typing import Any
 def save_figure(fig: Any, path: Path) -> Path:
     """Saves ``fig`` as ``path`` (its folder made) and closes it; written to a temporary file and
     moved into place, so a reader never sees half a PNG."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # not at module top: that would load matplotlib and pick its backend on import
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
