@@ -23,6 +23,8 @@ import yaml
 from envace.core.prompts import PromptStyle
 from envace.experiments.chat_template import MARK, export_chat_template
 from envace.experiments.eval_models import resolve_eval_models, run_config, run_dir_of, train_style
+from envace.policy.loading import load_model
+from envace.train.checkpoint import resolve_checkpoint
 
 BASE_DIR = "base"  # --no-merge: the adapter's base model, inside the export
 SMOLLM2_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -85,8 +87,6 @@ def card_metadata(readme: Path) -> dict[str, Any]:
 def _checkpoint_of(path: Path) -> Path:
     """A run directory means its latest checkpoint; a checkpoint or model directory is itself."""
     if (path / "checkpoints").is_dir():
-        from envace.train.checkpoint import resolve_checkpoint
-
         return resolve_checkpoint(path / "checkpoints")
     return path
 
@@ -239,8 +239,6 @@ def _single_domain(cfg: dict[str, Any] | None) -> str:
 
 def export_model(source: str, to: str, role: str = "caller", merge: bool = True, force: bool = False,
                  log=print) -> Path:
-    from envace.policy.loading import load_model
-
     src = _checkpoint_of(Path(source).expanduser())
     if not src.exists():
         raise FileNotFoundError(f"export: {source}: no such run, checkpoint or model directory")

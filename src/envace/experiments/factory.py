@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from envace.experiments.config import GenerationSettings
+from envace.policy.http_backend import HTTPBackend
 from envace.policy.transformers_backend import TransformersBackend
 from envace.reward.judge import ChatJudge, ModelJudge
 from envace.rollout.actors import PolicyActor
@@ -49,8 +50,6 @@ def make_judge(cfg: Any, policy: Any | None = None) -> Any:
     if cfg is None:
         return None
     if cfg.url:
-        from envace.policy.http_backend import HTTPBackend
-
         client = HTTPBackend(cfg.url, model=cfg.served_model, api_key_env=cfg.api_key_env, timeout=cfg.timeout_s,
                              max_retries=cfg.retries, server_extras=False)
         return ChatJudge(client, max_new_tokens=cfg.max_new_tokens)

@@ -14,7 +14,7 @@ from envace.train.modes import ModeSpec
 
 
 def with_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
-    from peft import LoraConfig as PeftLoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig as PeftLoraConfig, PeftModel, get_peft_model  # seconds to import: only with LoRA
 
     if isinstance(model, PeftModel):
         return _continue_adapter(model, cfg)

@@ -7,12 +7,15 @@ When output is not a terminal (a log file, CI), a plain line is printed at most 
 
 from __future__ import annotations
 
+import io
 import time
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 
 def _fmt(values: dict[str, Any]) -> str:
@@ -141,11 +144,6 @@ def metrics_table(title: str, metrics: dict[str, Any], width: int | None = None)
     """``metrics`` (``eval/success``: 0.25, ...) as a titled two-column table of text, for a log
     line: readable at a glance where a dict's repr is not. Names keep their order; the shared
     prefix (``eval/``) is dropped."""
-    import io
-
-    from rich import box
-    from rich.table import Table
-
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_header=False, pad_edge=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")

@@ -11,7 +11,10 @@ from typing import Any
 from torch import nn
 
 from envace.experiments.config import TrainConfig
+from envace.policy.http_backend import HTTPBackend
+from envace.policy.llamacpp_backend import LlamaCppBackend  # imports without the llamacpp extra
 from envace.policy.transformers_backend import TransformersBackend, generation_dtype
+from envace.policy.vllm_backend import VLLMBackend  # imports without the vllm extra
 from envace.policy.weight_sync import WeightPusher
 
 
@@ -29,8 +32,6 @@ class RolloutBackends:
 
 
 def _http(url: str, tok: Any, batches: bool) -> Any:
-    from envace.policy.http_backend import HTTPBackend
-
     # One request per turn keeps the server's batching (and so its samples) the in-process one's.
     return HTTPBackend(url, tok, batch_prompts=batches, max_concurrency=1 if batches else 8, timeout=600.0)
 
@@ -70,8 +71,6 @@ def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: A
                                  "server of its own (rollout.simulator_url)")
             return _http(r.simulator_url, tok, r.server_batches)
     elif r.backend == "llamacpp":
-        from envace.policy.llamacpp_backend import LlamaCppBackend  # the llamacpp extra; a clear error without it
-
         def llama(role: str) -> Any:  # the weights arrive by the pusher, before the first rollout
             return LlamaCppBackend(tok, quant=r.llamacpp_quant, max_batch=r.max_batch, n_ctx=r.llamacpp_ctx,
                                    work_dir=sync_dir / f"llamacpp-{role}")
@@ -81,8 +80,6 @@ def rollout_backends(cfg: TrainConfig, models: Any, sim_model: nn.Module, tok: A
         def trained_sim() -> Any:
             return llama("simulator")
     else:
-        from envace.policy.vllm_backend import VLLMBackend  # the vllm extra; a clear error without it
-
         caller = VLLMBackend.from_spec(cfg.model)
 
         def trained_sim() -> Any:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from envace.core.types import Trajectory
 
 
@@ -44,9 +47,6 @@ def _fmt(v: Any) -> str:
 
 
 def print_summary(summary: dict[str, Any], title: str = "rollout") -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")

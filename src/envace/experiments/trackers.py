@@ -8,6 +8,7 @@ asking for one that is not installed is a clear error at the start of the run.""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from typing import Any, Protocol
@@ -26,8 +27,6 @@ class Tracker(Protocol):
 
 
 def _need(module: str, extra: str) -> Any:
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:

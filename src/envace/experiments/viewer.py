@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from envace.core.jsonl import atomic_write_text
+from envace.core.jsonl import atomic_write_text, read_jsonl_dicts
 from envace.core.types import solved
 from envace.experiments.rundir import RunDir
 
@@ -245,8 +245,6 @@ def render_train_viewer(title: str, rollouts: list[dict], evals: list[dict]) -> 
 
 def write_train_viewer(run: RunDir) -> Path:
     """``<run>/viewer.html`` of a training run, from trajectories.jsonl and evals.jsonl."""
-    from envace.core.jsonl import read_jsonl_dicts
-
     def rows(name: str) -> list[dict]:
         path = run.path / name
         return read_jsonl_dicts(path) if path.is_file() else []
