@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from envace.experiments.rundir import RunDir
-
-# Every command module loads for `envace --help`: the report module (plots, tables) is imported by its
-# handler.
+# Every command module loads for `envace --help`: the run directory and report modules are imported by
+# the handler.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from envace.experiments.report import missing_parts, plot_learning_curve, run_labels, write_report
+    from envace.experiments.rundir import RunDir
 
     runs = [RunDir.open(r) for r in args.runs]
     for run in runs:

@@ -7,10 +7,9 @@ import os
 import shlex
 
 from envace.cli.config_cmd import check_override_keys
-from envace.experiments.rundir import RunDir
 
-# The config and job modules are imported by the handlers that use them: every
-# command module loads for `envace --help`, and the config alone pulls in torch (its update settings).
+# The config, run directory and job modules are imported by the handlers that use them: every command
+# module loads for `envace --help`, and the config alone pulls in torch (its update settings).
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,6 +64,7 @@ def _values(args: argparse.Namespace) -> dict:
 
 def _config(args: argparse.Namespace):
     from envace.experiments.config import apply_overrides, load_config, parse_config
+    from envace.experiments.rundir import RunDir
 
     check_override_keys(args.set)  # a typo is the flag's fault, not the YAML's: say so, and the nearest field
     overrides = list(args.set)
@@ -96,6 +96,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _sft(args: argparse.Namespace) -> int:
+    from envace.experiments.rundir import RunDir
     from envace.experiments.train_job import SFT_DIR, run_policy, warm_start
 
     cfg = _config(args)
