@@ -935,7 +935,7 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, name: str | None
           max_queue: int = DEFAULT_MAX_QUEUE) -> OpenAIServer:
     """Load ``spec`` (any :func:`envace.policy.loading.load_model` spec) into a TransformersBackend
     and return an (unstarted) server for it."""
-    from envace.policy.transformers_backend import TransformersBackend
+    from envace.policy.transformers_backend import TransformersBackend  # torch: only for a served model
 
     backend = TransformersBackend.from_spec(spec, device=device, max_batch=max_batch)
     return OpenAIServer(backend, model_name=name or spec, host=host, port=port, api_key=api_key,
