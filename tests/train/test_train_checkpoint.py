@@ -176,3 +176,23 @@ def test_several_models(tmp_path):
         _assert_same_params(models[k], fresh[k])
     with pytest.raises(ValueError, match="policy"):
         load_checkpoint(path, {"policy": make_tiny_model(0)})
+
+
+def test_an_adapter_of_an_aliased_base_model_saves_without_a_warning(tmp_path):
+    """A LoRA model on a base named by an envace alias ("smollm2", no config on disk or reachable
+    hub): peft would look it up at every save and warn; an adapter that touches no embedding
+    saves without it, and loads back the same."""
+    import warnings
+
+    base = make_tiny_model(0)
+    base.name_or_path = "smollm2"  # what peft takes as the base model's name
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], lora_dropout=0.0))
+    assert model.peft_config["default"].base_model_name_or_path == "smollm2"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = save_checkpoint(tmp_path, model, step=1)
+    assert not [w for w in caught if "config file" in str(w.message)], [str(w.message) for w in caught]
+    other = get_peft_model(make_tiny_model(0), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"],
+                                                          lora_dropout=0.0))
+    load_checkpoint(path, other)
+    _assert_same_params(model, other)

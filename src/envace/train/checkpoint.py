@@ -120,9 +120,27 @@ def _save_model(model: nn.Module, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "save_pretrained"):  # HF model, or peft (which saves just the adapter)
         with _no_shard_bar():
-            model.save_pretrained(directory, safe_serialization=True)
+            model.save_pretrained(directory, safe_serialization=True, **_adapter_save_kwargs(model))
     else:
         save_model(model, str(directory / "model.safetensors"))
+
+
+EMBEDDING_NAMES = ("embed_tokens", "lm_head", "wte", "word_embeddings", "embed_in", "embed_out")
+
+
+def _adapter_save_kwargs(model: nn.Module) -> dict:
+    """For a peft model whose adapters touch no embedding: ``save_embedding_layers=False``. peft's
+    "auto" otherwise looks the base model's name up to compare vocabularies, which for an envace
+    alias ("smollm2") or offline warns at every checkpoint that it found no config."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict):
+        return {}
+    for c in configs.values():
+        targets = getattr(c, "target_modules", None) or []
+        text = targets if isinstance(targets, str) else " ".join(map(str, targets))
+        if any(name in text for name in EMBEDDING_NAMES) or getattr(c, "modules_to_save", None):
+            return {}
+    return {"save_embedding_layers": False}
 
 
 def _read_safetensors(directory: Path, single: str, index: str) -> dict[str, torch.Tensor]:
