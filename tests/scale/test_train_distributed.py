@@ -64,9 +64,13 @@ def _config(tmp: Path) -> Path:
     cfg = {
         "model": "tiny", "task_file": str(_task_file(tmp / "tasks.jsonl")), "tool_distractors": 0, "steps": 1,
         "tasks_per_step": TASKS_PER_STEP, "group_size": G, "threads": 1,
-        "rollout": {"max_turns": 2, "caller_max_new_tokens": 8, "simulator_max_new_tokens": 8, "max_batch": 8},
+        # fp32 and no anchor, as the 1-process reference update below computes it: a task-file run would
+        # otherwise take the fitted recipe's bf16 and warm-start anchor (experiments/data_defaults.py)
+        "rollout": {"max_turns": 2, "caller_max_new_tokens": 8, "simulator_max_new_tokens": 8, "max_batch": 8,
+                    "dtype": "float32", "temperature": 1.0, "simulator_temperature": None},
+        "mixed_precision": "no",
         "prompt": {"max_examples": 1},
-        "grpo": {"lr": 1e-3},
+        "grpo": {"lr": 1e-3, "anchor_coef": 0.0, "warmup_steps": 0, "norm_by_std": False},
         "lora": {"enabled": True, "r": 2, "alpha": 4},
         "sft": {"trajectories": 2, "epochs": 1},
         "eval": {"every": 0, "tasks": EVAL_TASKS, "samples": 1},  # set: a task file would get fitted samples
