@@ -8,6 +8,7 @@ import argparse
 import datetime
 import os
 import platform
+from pathlib import Path
 import resource
 import statistics
 import subprocess
@@ -42,12 +43,23 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or 1)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (bf16 and AMX figures depend on it), e.g. "Intel(R) Xeon(R) Processor"."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def print_header(title: str, args: object | None = None) -> None:
     import transformers
 
     print(f"== {title}")
     print(f"date        {datetime.datetime.now().isoformat(timespec='seconds')}")
-    print(f"machine     {platform.machine()} {platform.processor() or ''} cores={os.cpu_count()} "
+    print(f"machine     {cpu_model()} ({platform.machine()}) cores={os.cpu_count()} "
           f"nice={os.nice(0)} load(1/5/15)={loads()}")
     print(f"software    python {platform.python_version()}  torch {torch.__version__}  "
           f"transformers {transformers.__version__}  threads={torch.get_num_threads()}  git {git_revision()}")
