@@ -16,6 +16,7 @@ the peak after a warm-up and one full update over the same oracle samples:
   ``smollm2-lora-2k`` / ``-1k``: the same at 2048 / 1024 tokens per micro-batch (activations,
   which dominate, scale with it; configs/smollm2_cpu.yaml uses 2048);
 * ``smollm2-lora-ckpt`` / ``-ckpt-2k``: the LoRA update with ``grpo.gradient_checkpointing``;
+* ``smollm2-lora-noshare-2k``: the LoRA update without the shared-prefix forward (one padded forward);
 * ``smollm2-lora-trl`` / ``-trl-2k``: TRL's GRPOTrainer loss and optimiser on the same samples and
   adapter (``train_throughput.py --only trl``; needs ``pip install trl``).
 """
@@ -43,6 +44,8 @@ CASES = {
                           "--gradient-checkpointing"],
     "smollm2-lora-ckpt-2k": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "2048", "--lora",
                              "--gradient-checkpointing"],
+    "smollm2-lora-noshare-2k": ["--model", "smollm2", "--only", "grpo", "--micro-batch-tokens", "2048", "--lora",
+                                "--no-share-prefixes"],
     "smollm2-lora-trl": ["--model", "smollm2", "--only", "trl", "--micro-batch-tokens", "4096", "--lora"],
     "smollm2-lora-trl-2k": ["--model", "smollm2", "--only", "trl", "--micro-batch-tokens", "2048", "--lora"],
 }

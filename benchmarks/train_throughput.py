@@ -204,6 +204,8 @@ def main() -> None:
                         "(recompute) against the update taking them from its own forward (own-forward)")
     p.add_argument("--mixed-precision", choices=["no", "bf16"], default="no",
                    help="with --recompute: also time the own-forward update under mixed_precision bf16")
+    p.add_argument("--no-share-prefixes", action="store_true",
+                   help="grpo side: one plain forward over the padded rows (no shared-prefix forward)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="grpo side: grpo.gradient_checkpointing (activations recomputed in the backward)")
     args = start(p, "training throughput: role-wise GRPO update vs plain forward/backward/step")
@@ -242,7 +244,7 @@ def main() -> None:
     sides = {}
     if args.only in (None, "grpo"):
         sides["grpo"] = GRPOUpdater(model, UpdaterConfig(lr=args.lr, micro_batch_tokens=args.micro_batch_tokens,
-                                                         pad_id=pad_id,
+                                                         pad_id=pad_id, share_prefixes=not args.no_share_prefixes,
                                                          gradient_checkpointing=args.gradient_checkpointing)).step
     if args.unmerged:
         sides["grpo-unmerged"] = GRPOUpdater(model, UpdaterConfig(
