@@ -19,8 +19,9 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
 @pytest.mark.slow
 def test_ctrl_c_during_training_names_the_run_and_the_resume_command(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    # steps=10000: the smoke run alone can end before the signal lands on a fast machine
     proc = subprocess.Popen([sys.executable, "-m", "envace.cli.main", "train", "--config", str(SMOKE),
-                             "--set", "out=runs"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             "--set", "out=runs", "--set", "steps=10000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         seen = []
