@@ -26,14 +26,11 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from helpdesk import ACTIVE, Helpdesk  # noqa: E402
 
-from envace.core.errors import error_code  # noqa: E402
 from envace.core.types import Task  # noqa: E402
 from envace.envs.provider import table_digests  # noqa: E402
 from envace.envs.registry import resolve_world  # noqa: E402
-from envace.rollout.actors import OracleActor  # noqa: E402
-from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402
 from envace.rollout.sources import RealSource  # noqa: E402
-from envace.train.sft import RecordedSource  # noqa: E402
+from envace.train.sft import RecordedSource, assert_full_marks, oracle_replays, record_reference_results  # noqa: E402
 
 SPEC = str(HERE / "helpdesk.py") + ":Helpdesk"
 N = 72
@@ -295,15 +292,6 @@ def examples(i: int, kind: int, target: str | None, calls: list[tuple[str, dict]
     return out
 
 
-def _episodes(tasks: list[Task], source) -> list:
-    try:
-        trajs, _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=5))
-    finally:
-        if isinstance(source, RealSource):
-            source.close()
-    return trajs
-
-
 def replay(rows: list[dict]) -> None:
     """Each reference, run by envace in the real class, makes its calls with no tool error; their
     results are recorded in the row and its final state becomes the task's end_state guard. Then,
@@ -316,20 +304,12 @@ def replay(rows: list[dict]) -> None:
         digests = table_digests(desk.query)
         digests.pop(row.pop("_free_table") or "", None)
         row["checklist"].append({"kind": "end_state", "digests": digests})
-    first = _episodes([Task.model_validate(r) for r in rows], RealSource(SPEC))
-    for row, traj in zip(rows, first):
-        results = [json.loads(m.content) for m in traj.messages if m.role == "tool"]
-        errors = [r for r in results if error_code(r)]
-        assert not errors, f"{row['id']}: the reference's calls failed in the real helpdesk: {errors}"
-        calls = row["reference"]["calls"]
-        assert len(results) == len(calls), f"{row['id']}: {len(results)} results for {len(calls)} calls"
-        for c, result in zip(calls, results):
-            c["result"] = result
+    first = oracle_replays([Task.model_validate(r) for r in rows], RealSource(SPEC))
+    record_reference_results(rows, first, "in the real helpdesk")
     tasks = [Task.model_validate(r) for r in rows]
-    real, recorded = _episodes(tasks, RealSource(SPEC)), _episodes(tasks, RecordedSource())
+    real, recorded = oracle_replays(tasks, RealSource(SPEC)), oracle_replays(tasks, RecordedSource())
     for task_, traj, again in zip(tasks, real, recorded):
-        unmet = [v for v in traj.verdicts if v.met is not True]
-        assert traj.reward == 1.0 and not unmet, f"{task_.id}: reference reward {traj.reward}: {unmet}"
+        assert_full_marks(task_, traj, "in the real helpdesk")
         # replayed from the recorded results: what the class said, word for word
         assert [(m.role, m.content) for m in traj.messages] == [(m.role, m.content) for m in again.messages], task_.id
 
@@ -338,10 +318,8 @@ def replay_recorded(rows: list[dict]) -> None:
     """Each reference of a task file without SQL items, replayed from its recorded results with no
     world (as the warm start and a rehearsal-judged eval see it), meets its whole checklist."""
     tasks = [Task.model_validate(r) for r in rows]
-    for task_, traj in zip(tasks, _episodes(tasks, RecordedSource())):
-        unmet = [v for v in traj.verdicts if v.met is not True]
-        assert traj.reward == 1.0 and not unmet, (
-            f"{task_.id}: reference reward {traj.reward} replayed from its recorded results: {unmet}")
+    for task_, traj in zip(tasks, oracle_replays(tasks, RecordedSource())):
+        assert_full_marks(task_, traj, "replayed from its recorded results")
 
 
 def main() -> None:

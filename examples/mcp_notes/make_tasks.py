@@ -26,13 +26,10 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from notes import TAGS, Notes  # noqa: E402
 
-from envace.core.errors import error_code  # noqa: E402
 from envace.core.types import Task  # noqa: E402
 from envace.envs.registry import resolve_world  # noqa: E402
-from envace.rollout.actors import OracleActor  # noqa: E402
-from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402
 from envace.rollout.sources import RealSource  # noqa: E402
-from envace.train.sft import RecordedSource  # noqa: E402
+from envace.train.sft import RecordedSource, assert_full_marks, oracle_replays, record_reference_results  # noqa: E402
 
 N = 36
 WORLD = str(HERE / "world.yaml")
@@ -83,15 +80,6 @@ def task(i: int) -> dict:
             "reference": {"calls": [{"name": t, "arguments": a} for t, a in calls], "answer": answer}}
 
 
-def _episodes(tasks: list[Task], source) -> list:
-    try:
-        trajs, _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=5))
-    finally:
-        if isinstance(source, RealSource):
-            source.close()
-    return trajs
-
-
 def replay(rows: list[dict]) -> None:
     """Each reference, run by envace against the server, makes its calls with no tool error; their
     results are recorded in the row. Then, with the results recorded (and the guards derived from
@@ -104,21 +92,12 @@ def replay(rows: list[dict]) -> None:
         finally:
             world.shutdown()
         listed = lambda: [Task.model_validate(r).model_copy(update={"tools": tools}) for r in rows]  # noqa: E731
-        first = _episodes(listed(), RealSource(WORLD))
-        for row, traj in zip(rows, first):
-            results = [json.loads(m.content) for m in traj.messages if m.role == "tool"]
-            errors = [r for r in results if error_code(r)]
-            assert not errors, f"{row['id']}: the reference's calls failed against the server: {errors}"
-            calls = row["reference"]["calls"]
-            assert len(results) == len(calls), f"{row['id']}: {len(results)} results for {len(calls)} calls"
-            for c, result in zip(calls, results):
-                c["result"] = result
+        record_reference_results(rows, oracle_replays(listed(), RealSource(WORLD)), "against the server")
         tasks = listed()
-        real, recorded = _episodes(tasks, RealSource(WORLD)), _episodes(tasks, RecordedSource())
+        real, recorded = oracle_replays(tasks, RealSource(WORLD)), oracle_replays(tasks, RecordedSource())
     for task_, a, b in zip(tasks, real, recorded):
-        for traj, where in ((a, "against the server"), (b, "replayed from its recorded results, judged with no world")):
-            unmet = [v for v in traj.verdicts if v.met is not True]
-            assert traj.reward == 1.0 and not unmet, f"{task_.id}: reference reward {traj.reward} {where}: {unmet}"
+        assert_full_marks(task_, a, "against the server")
+        assert_full_marks(task_, b, "replayed from its recorded results, judged with no world")
         assert [(m.role, m.content) for m in a.messages] == [(m.role, m.content) for m in b.messages], task_.id
 
 

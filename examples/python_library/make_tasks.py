@@ -25,13 +25,10 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from library import Library  # noqa: E402
 
-from envace.core.errors import error_code  # noqa: E402
 from envace.core.types import Task  # noqa: E402
 from envace.envs.registry import resolve_world  # noqa: E402
-from envace.rollout.actors import OracleActor  # noqa: E402
-from envace.rollout.engine import RolloutConfig, run_episodes  # noqa: E402
 from envace.rollout.sources import RealSource  # noqa: E402
-from envace.train.sft import RecordedSource  # noqa: E402
+from envace.train.sft import RecordedSource, assert_full_marks, oracle_replays, record_reference_results  # noqa: E402
 
 SPEC = str(HERE / "library.py") + ":Library"
 
@@ -87,43 +84,18 @@ def task(i: int, tools: list[dict]) -> dict:
             "reference": {"calls": [{"name": t, "arguments": a} for t, a in calls], "answer": answer}}
 
 
-def _episodes(tasks: list[Task], source) -> list:
-    try:
-        trajs, _ = run_episodes(tasks, OracleActor(), source, RolloutConfig(max_turns=5))
-    finally:
-        if isinstance(source, RealSource):
-            source.close()
-    return trajs
-
-
-def _tool_results(traj) -> list:
-    return [json.loads(m.content) for m in traj.messages if m.role == "tool"]
-
-
-def _assert_full(task_: Task, traj, where: str) -> None:
-    unmet = [v for v in traj.verdicts if v.met is not True]
-    assert traj.reward == 1.0 and not unmet, f"{task_.id}: reference reward {traj.reward} {where}: {unmet}"
-
-
 def replay(rows: list[dict]) -> None:
     """Each reference, run by envace in the real library, makes its calls with no tool error; their
     results are recorded in the row. Then, with the results recorded (and the guards derived from
     them), the reference meets its checklist and the writes guard in the real library, and again
     replayed from the recorded results with no world, with the same messages."""
-    first = _episodes([Task.model_validate(r) for r in rows], RealSource(SPEC))
-    for row, traj in zip(rows, first):
-        results = _tool_results(traj)
-        errors = [r for r in results if error_code(r)]
-        assert not errors, f"{row['id']}: the reference's calls failed in the real library: {errors}"
-        calls = row["reference"]["calls"]
-        assert len(results) == len(calls), f"{row['id']}: {len(results)} results for {len(calls)} calls"
-        for c, result in zip(calls, results):
-            c["result"] = result
+    first = oracle_replays([Task.model_validate(r) for r in rows], RealSource(SPEC))
+    record_reference_results(rows, first, "in the real library")
     tasks = [Task.model_validate(r) for r in rows]
-    real, recorded = _episodes(tasks, RealSource(SPEC)), _episodes(tasks, RecordedSource())
+    real, recorded = oracle_replays(tasks, RealSource(SPEC)), oracle_replays(tasks, RecordedSource())
     for task_, a, b in zip(tasks, real, recorded):
-        _assert_full(task_, a, "in the real library")
-        _assert_full(task_, b, "replayed from its recorded results, judged with no world")
+        assert_full_marks(task_, a, "in the real library")
+        assert_full_marks(task_, b, "replayed from its recorded results, judged with no world")
         assert [(m.role, m.content) for m in a.messages] == [(m.role, m.content) for m in b.messages], task_.id
 
 

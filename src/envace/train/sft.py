@@ -110,6 +110,37 @@ def why_not_replayable(task: Task, world: Any = None) -> str | None:
     return None
 
 
+def oracle_replays(tasks: Sequence[Task], source: Any) -> list[Trajectory]:
+    """Each task's reference replayed by the oracle, ``source`` answering (a RealSource is closed
+    afterwards), scored: in task order."""
+    turns = max(ORACLE_MAX_TURNS, max((len(t.reference.calls) for t in tasks if t.reference), default=0) + 1)
+    try:
+        trajs, _ = run_episodes(list(tasks), OracleActor(), source, RolloutConfig(max_turns=turns))
+    finally:
+        if isinstance(source, RealSource):
+            source.close()
+    return trajs
+
+
+def record_reference_results(rows: list[dict], replays: Sequence[Trajectory], where: str) -> None:
+    """Write each replayed reference call's result into its task row (``reference.calls[i].result``),
+    as a task file records them; a tool error, or fewer results than calls, is an error naming the row."""
+    for row, traj in zip(rows, replays):
+        results = [json.loads(m.content) for m in traj.messages if m.role == "tool"]
+        errors = [r for r in results if error_code(r)]
+        assert not errors, f"{row['id']}: the reference's calls failed {where}: {errors}"
+        calls = row["reference"]["calls"]
+        assert len(results) == len(calls), f"{row['id']}: {len(results)} results for {len(calls)} calls"
+        for c, result in zip(calls, results):
+            c["result"] = result
+
+
+def assert_full_marks(task: Task, traj: Trajectory, where: str) -> None:
+    """The reference's replay ``traj`` meets every checklist item of ``task``."""
+    unmet = [v for v in traj.verdicts if v.met is not True]
+    assert traj.reward == 1.0 and not unmet, f"{task.id}: reference reward {traj.reward} {where}: {unmet}"
+
+
 class RecordedSource:
     """Answers the i-th call of an oracle episode with the result recorded in the task's reference
     (``reference.calls[i].result``): the reference replayed with no world. The results are real
@@ -234,13 +265,7 @@ def oracle_warm_start(tasks: Sequence[Task], tokenizer, style: PromptStyle,
                          (record_tasks, RecordedSource())):
         if not part:
             continue
-        turns = max(ORACLE_MAX_TURNS, max(len(t.reference.calls) for t in part if t.reference) + 1)
-        try:
-            trajs, _ = run_episodes(list(part), OracleActor(), source, RolloutConfig(max_turns=turns))
-        finally:
-            if isinstance(source, RealSource):
-                source.close()
-        replays.update((t.task_id, t) for t in trajs)
+        replays.update((t.task_id, t) for t in oracle_replays(part, source))
     kept = []
     for task in tasks:
         traj = replays.get(task.id)
