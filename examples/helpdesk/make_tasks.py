@@ -17,7 +17,6 @@ with no world as a rehearsal step is. Rerun after editing the tools:
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from helpdesk import ACTIVE, Helpdesk  # noqa: E402
 
+from envace.core.jsonl import atomic_write_text  # noqa: E402
 from envace.core.types import Task  # noqa: E402
 from envace.envs.provider import table_digests  # noqa: E402
 from envace.envs.registry import resolve_world  # noqa: E402
@@ -344,9 +344,7 @@ def main() -> None:
 
 
 def write_atomic(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)  # a failed run never leaves half a file
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))  # never half a file
 
 
 if __name__ == "__main__":

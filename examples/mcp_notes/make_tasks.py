@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from notes import TAGS, Notes  # noqa: E402
 
+from envace.core.jsonl import atomic_write_text  # noqa: E402
 from envace.core.types import Task  # noqa: E402
 from envace.envs.registry import resolve_world  # noqa: E402
 from envace.rollout.sources import RealSource  # noqa: E402
@@ -105,9 +105,7 @@ def main() -> None:
     rows = [task(i) for i in range(N)]
     replay(rows)
     path = HERE / "tasks.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)  # a failed run never leaves half a file
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))  # never half a file
     print(f"wrote {len(rows)} tasks to {path}")
 
 

@@ -16,7 +16,6 @@ editing the tools:
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from library import Library  # noqa: E402
 
+from envace.core.jsonl import atomic_write_text  # noqa: E402
 from envace.core.types import Task  # noqa: E402
 from envace.envs.registry import resolve_world  # noqa: E402
 from envace.rollout.sources import RealSource  # noqa: E402
@@ -108,9 +108,7 @@ def main() -> None:
     rows = [task(i, tools) for i in range(N)]
     replay(rows)
     path = HERE / "tasks.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)  # a failed run never leaves half a file
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))  # never half a file
     print(f"wrote {len(rows)} tasks to {path}")
 
 
