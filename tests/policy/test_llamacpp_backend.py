@@ -237,3 +237,27 @@ def test_rows_of_different_lengths_decode_together_for_many_tokens():
     out = backend.generate(prompts, params)
     assert [g.token_ids for g in out] == [g.token_ids for g in ref]
     assert all(np.allclose(o.logprobs, r.logprobs, atol=2e-2) for o, r in zip(out, ref))
+
+
+def test_a_llamacpp_run_evaluates_on_llamacpp_unless_told_otherwise(tmp_path, monkeypatch):
+    """eval.backend auto: a run whose rollouts are on llama.cpp also evaluates there (its step-0,
+    mid and final evals, real and rehearsal-judged), so no episode of the run generates on
+    transformers; eval.backend transformers sends the evals back to the trainer's model."""
+    from envace.experiments.config import parse_config
+    from envace.experiments.train_job import train
+
+    def refuse(self, prompts, params):
+        raise AssertionError("generated on transformers")
+
+    monkeypatch.setattr(TransformersBackend, "generate", refuse)
+    base = {"model": "tiny", "worlds": ["shop"], "difficulties": [1], "tool_distractors": 0, "steps": 1,
+            "tasks_per_step": 1, "group_size": 2, "sft": {"enabled": False}, "lora": {"enabled": True, "r": 2},
+            "rollout": {"max_turns": 2, "caller_max_new_tokens": 6, "simulator_max_new_tokens": 6, "max_batch": 4,
+                        "backend": "llamacpp", "llamacpp_quant": "F32", "llamacpp_ctx": 4096},
+            "prompt": {"max_examples": 1}, "eval": {"tasks": 2, "every": 0}, "checkpoint": {"every": 1}}
+    run = train(parse_config({**base, "out": str(tmp_path / "a")}), log=lambda *_: None)
+    evals = [r for r in run.metrics() if r.get("phase") == "eval"]
+    assert [r["step"] for r in evals] == [0, 1] and all("eval/rehearsal_success" in r for r in evals)
+    with pytest.raises(AssertionError, match="generated on transformers"):
+        train(parse_config({**base, "eval": {**base["eval"], "backend": "transformers"}, "out": str(tmp_path / "b")}),
+              log=lambda *_: None)

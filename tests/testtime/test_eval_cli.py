@@ -62,6 +62,17 @@ def test_checkpoint_dirs_resolve_and_bad_ones_say_why(capsys, tmp_path):
     assert m.caller == m.simulator == str(share / "policy") and m.shared and "shared policy" in m.notes[0]
     assert m.style is not None and m.style.tool_format == "json" and m.style.max_examples == 1
 
+    # a checkpoint root (a run's sft/ or checkpoints/ dir, as saved): its latest checkpoint
+    from envace.policy.loading import load_model
+    from envace.train.checkpoint import save_checkpoint
+
+    model, tok = load_model("tiny")
+    root = tmp_path / "run" / "sft"
+    for step in (0, 3):
+        save_checkpoint(root, model, step=step, tokenizer=tok)
+    m = resolve_eval_models(str(root))
+    assert m.caller == m.simulator == str(root / "step-00000003")
+
     two = tmp_path / "two"
     for key in ("caller", "simulator"):
         (two / key).mkdir(parents=True)

@@ -209,6 +209,10 @@ class EvalConfig(_Section):
         None, description="the real environment the evals run in, when training has none (world: null, a "
         "schema-only run evaluated against the real tools) or another one; the same forms as the top-level "
         "world. None: the run's world")
+    backend: Literal["auto", "rollout", "transformers"] = Field(
+        "auto", description="who generates the eval episodes: rollout: the rollouts' backend, holding the weights "
+        "pushed after the last update (llama.cpp: several times faster on a CPU); transformers: the trainer's model "
+        "in process (the reference path); auto: rollout where rollout.backend is llamacpp, else transformers")
     rehearsal_gap: bool = Field(True, description="where the eval tasks have a real world, also run them with the "
                                 "policy rehearsing the responses (judged as a rehearsal step judges) and measure "
                                 "its fidelity on the real calls and the recorded examples: eval/rehearsal_success "
@@ -348,6 +352,13 @@ class TrainConfig(_Section):
             raise ValueError(f"memory_episodes ({v}) must be below group_size ({g}): the memory is written "
                              "from the task's other episodes")
         return v
+
+    @property
+    def eval_on_rollout_backend(self) -> bool:
+        """Whether evals generate on the rollouts' backend (``eval.backend``; auto: llama.cpp only)."""
+        if self.eval.backend == "auto":
+            return self.rollout.backend == "llamacpp"
+        return self.eval.backend == "rollout"
 
     @model_validator(mode="after")
     def _llamacpp_rollouts_are_rescored(self) -> TrainConfig:

@@ -22,6 +22,7 @@ from envace.core.prompts import PromptStyle
 from envace.policy.llamacpp_backend import LlamaCppBackend, import_binding
 from envace.policy.loading import ModelSpecError, load_model
 from envace.policy.transformers_backend import TransformersBackend, generation_dtype
+from envace.train.checkpoint import find_latest
 
 _MODEL_FILES = ("config.json", "adapter_config.json")
 
@@ -108,6 +109,10 @@ def resolve_eval_models(spec: str) -> EvalModels:
         return EvalModels(caller=spec, simulator=spec)  # a named spec; load_model checks it
     if path.is_file():
         return EvalModels(caller=spec, simulator=spec)
+    roles = ("policy", "caller", "simulator")
+    latest = None if _loadable(path) or any(_loadable(path / r) for r in roles) else find_latest(path)
+    if latest is not None:  # a checkpoint root (RUN/checkpoints, RUN/sft): its latest checkpoint
+        path = latest
     cfg = run_config(path)
     style = train_style(cfg)
     source = "the run's config.yaml"

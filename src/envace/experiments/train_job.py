@@ -139,7 +139,8 @@ def grpo_pool(cfg: TrainConfig) -> list[Task]:
 def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: TrainConfig,
                   accelerator: Any | None = None, task_set: TaskSet | None = None, judge: Any = None,
                   kind: EvalKind = "real", log: Any = None, sim_model: torch.nn.Module | None = None,
-                  details: dict[str, Any] | None = None) -> tuple[dict[str, float], list[Trajectory]]:
+                  details: dict[str, Any] | None = None,
+                  backends: Any = None) -> tuple[dict[str, float], list[Trajectory]]:
     """Success on held-out tasks with the real world answering, whatever the training source:
     ``task_set`` plays them (a benchmark's: its entries, environment and scorer; its real source
     is the run's, so worlds resolve once per run). Without one, the worlds' tasks with a real
@@ -148,11 +149,16 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
     On several processes each rank runs its share of the tasks; every rank gets all of them.
     With a real world and ``eval.rehearsal_gap``, the same tasks also run rehearsal-judged
     (``sim_model`` rehearsing, default ``model``) beside the real run, with the rehearse role's
-    fidelity (experiments/gap.py); ``details`` receives their trajectories and fidelity pairs."""
+    fidelity (experiments/gap.py); ``details`` receives their trajectories and fidelity pairs.
+    ``backends``: generate on these (the run's rollout backends, holding the current weights)
+    instead of on ``model`` in process."""
     gen = generation_settings(cfg, temperature=cfg.eval.temperature)
-    backend = TransformersBackend(model, tokenizer, device=dist.device(accelerator, cfg.device), max_batch=gen.max_batch,
-                                  dtype=generation_dtype(cfg.rollout.dtype),
-                                  kv_reuse_tokens=cfg.rollout.kv_reuse_tokens)
+    if backends is not None:
+        backend = backends.caller
+    else:
+        backend = TransformersBackend(model, tokenizer, device=dist.device(accelerator, cfg.device),
+                                      max_batch=gen.max_batch, dtype=generation_dtype(cfg.rollout.dtype),
+                                      kv_reuse_tokens=cfg.rollout.kv_reuse_tokens)
     mine, actor = dist.shard_tasks(tasks, accelerator), make_actor(backend, gen, cfg.seed)
     k = cfg.eval.samples
     ts = task_set or WorldTasks(cfg, [], tasks, kind, RealSource(eval_world(cfg)))
@@ -163,9 +169,13 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
             ts.close()
     gap = None
     if ts.checklist and ts.kind == "real" and cfg.eval.rehearsal_gap:
-        sim = backend if sim_model is None or sim_model is model else TransformersBackend(
-            sim_model, tokenizer, device=dist.device(accelerator, cfg.device), max_batch=gen.max_batch,
-            dtype=generation_dtype(cfg.rollout.dtype))
+        if backends is not None:
+            sim = backends.simulator
+        elif sim_model is None or sim_model is model:
+            sim = backend
+        else:
+            sim = TransformersBackend(sim_model, tokenizer, device=dist.device(accelerator, cfg.device),
+                                      max_batch=gen.max_batch, dtype=generation_dtype(cfg.rollout.dtype))
         gap = run_gap(mine, trajs, actor, gap_sources(sim, gen.style, gen.simulator_max_new_tokens,
                                                       cfg.eval.temperature, cfg.seed, gen.examples_as_recorded),
                       cfg.rollout.max_turns, k, judge=judge, log=log)
@@ -594,7 +604,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print,
         t0 = time.perf_counter()
         details: dict[str, Any] = {}
         metrics, trajs = evaluate_real(models.for_role("caller"), tok, held_out, cfg, acc, tasks, judge=judge,
-                                       log=log, sim_model=sim_model, details=details)
+                                       log=log, sim_model=sim_model, details=details,
+                                       backends=backends if cfg.eval_on_rollout_backend else None)
         clock.estimate("final eval", time.perf_counter() - t0)  # the same tasks and samples every time
         watch_eval.add(trajs)
         if main:
