@@ -255,6 +255,8 @@ def test_the_plan_of_a_schema_only_run_names_its_eval_and_counts_its_tasks(pantr
     assert plan["final eval"].startswith("rehearsal-judged on 2 tasks x")
     real = dict(job_plan(load_config(None, [], values={"task_file": str(path), "world": pantry["spec"]}), False))
     assert "real-world eval every 5" in real["train"] and real["final eval"].startswith("real-world on 2 tasks")
+    sft_only = [name for name, _ in job_plan(load_config(None, ["steps=0"], values={"task_file": str(path)}), False)]
+    assert sft_only == ["sft", "final eval"]  # no "0 GRPO steps" phase
 
 
 def test_defaults_the_user_did_not_set_are_fitted_to_the_task_file_and_printed(pantry, tmp_path):

@@ -482,7 +482,8 @@ def job_plan(cfg: TrainConfig, resume: bool) -> list[tuple[str, str]]:
                             "a real world or from recorded results; recorded examples train the rehearse role)"))
     n, kind = _eval_size(cfg)
     evals = f", {kind} eval every {cfg.eval.every}" if cfg.eval.every else ""
-    plan.append(("train", f"{cfg.steps} GRPO steps x {cfg.tasks_per_step} tasks x G={cfg.group_size}{evals}"))
+    if cfg.steps:  # steps: 0 is an SFT-only run (its eval, if any, is of the warm start)
+        plan.append(("train", f"{cfg.steps} GRPO steps x {cfg.tasks_per_step} tasks x G={cfg.group_size}{evals}"))
     if _final_eval_wanted(cfg):
         plan.append(("final eval", f"{kind} on {n} tasks x {cfg.eval.samples} episodes"))
     return plan
