@@ -222,6 +222,11 @@ def test_a_run_without_a_world_warm_starts_from_what_the_file_records(pantry, tm
     assert "tasks skipped" not in said
     row = _sft_row(run)
     assert row["sft/replays_from_records"] == 6 and row["sft/samples"] == 6 + 12 + 2
+    # the caller's samples weighed up against the recorded examples and results
+    run, lines = _train(tmp_path, "repeats", _write(tmp_path / "rec.jsonl", _recorded(pantry["rows"], pantry["spec"])),
+                        "sft.caller_repeats=3")
+    assert _sft_row(run)["sft/samples"] == 3 * 6 + 12 + 2
+    assert any(x.startswith("sft.caller_repeats=3: each epoch trains every caller sample 3 times (32 samples") for x in lines)
 
 
 def test_eval_tasks_that_mix_real_and_no_world_are_refused_and_a_real_test_split_is_evaluated_for_real(

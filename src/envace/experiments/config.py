@@ -184,6 +184,9 @@ class SFTConfig(_Section):
                                         "simulator samples (call -> recorded result), world or not; 0: none; None: "
                                         "all of a task file's, none of the embedded worlds' (generated from the "
                                         "same states the replays show)")
+    caller_repeats: int = Field(1, ge=1, le=16, description="each caller sample appears this many times an "
+                                "epoch (the simulator's once): a task file's references are few beside its recorded "
+                                "examples, and a caller that has not learnt the tool names gives RL nothing to start from")
     init_from: str | None = Field(None, description="reuse the warm start of an earlier run: its <run>/sft dir")
     vocab: int | None = Field(None, ge=300, description="for a llama: model trained from scratch: train a byte-level "
                               "BPE of this many tokens on the warm start's oracle text and size the model's "

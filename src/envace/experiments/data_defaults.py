@@ -72,7 +72,7 @@ def estimated_sft_samples(cfg: TrainConfig, pool: Sequence[Task], replayable: Se
     """About how many samples the warm start will train on: a caller sample per replayed task, a
     simulator sample per replayed call and per distinct recorded example (before any is dropped)."""
     replays = list(replayable)[: cfg.sft.trajectories]
-    n = len(replays) if "caller" in cfg.sft.roles else 0
+    n = len(replays) * cfg.sft.caller_repeats if "caller" in cfg.sft.roles else 0
     if "simulator" in cfg.sft.roles:
         with_sim = replays if cfg.sft.simulator_trajectories is None else replays[: cfg.sft.simulator_trajectories]
         n += sum(len(t.reference.calls) for t in with_sim if t.reference is not None)

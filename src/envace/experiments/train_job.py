@@ -309,6 +309,10 @@ def warm_start(policy: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, run: R
     data.skipped = Counter(why for t in pool if (why := why_not_replayable(t, cfg.world)) is not None)
     log(f"warm start data: {data.describe()}")
     samples = data.samples
+    if cfg.sft.caller_repeats > 1:
+        samples = [s for s in samples for _ in range(cfg.sft.caller_repeats if s.role == "caller" else 1)]
+        log(f"sft.caller_repeats={cfg.sft.caller_repeats}: each epoch trains every caller sample "
+            f"{cfg.sft.caller_repeats} times ({len(samples)} samples an epoch)")
     if not samples:
         log("SFT warm start skipped: it has no samples left (see the line above); GRPO starts from the model "
             "as loaded")
