@@ -64,7 +64,10 @@ def test_a_training_run_logs_both_eval_columns_and_the_failure_classes(tmp_path)
            "rollout": {"max_turns": 2, "caller_max_new_tokens": 6, "simulator_max_new_tokens": 6},
            "sft": {"enabled": False}, "eval": {"every": 0, "tasks": 2}, "out": str(tmp_path / "runs")}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    run = train(load_config(tmp_path / "cfg.yaml"), log=lambda *_: None)
+    lines: list[str] = []
+    run = train(load_config(tmp_path / "cfg.yaml"), log=lambda *a: lines.append(" ".join(map(str, a))))
+    # the rehearsal-judged part says how far it is, as the real part does (minutes on a CPU)
+    assert sum(x.startswith("  eval, rehearsal-judged: turn 1/2:") for x in lines) == 2
     evals = [r for r in run.metrics() if r["phase"] == "eval"]
     assert [r["step"] for r in evals] == [0, 1]
     for r in evals:

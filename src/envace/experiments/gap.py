@@ -12,6 +12,7 @@ and each recorded example rehearsed and compared with its recorded result
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from envace.core.types import Task, Trajectory, trajectory_calls
 from envace.experiments.failures import FAILURE_CLASSES, class_shares, failure_rows
 from envace.rollout.engine import RolloutConfig, run_episodes
 from envace.rollout.rehearse import ModelSource
+from envace.rollout.stats import log_turns
 from envace.rollout.sources import example_for, output_shape_error, record_holds
 from envace.testtime.fidelity import (
     FidelityPair,
@@ -68,12 +70,15 @@ def run_gap(tasks: list[Task], real: list[Trajectory], actor: Any, sources: GapS
             group_size: int = 1, judge: Any = None, log: Any = None) -> GapParts:
     """The rehearsal-judged episodes of ``tasks`` (``group_size`` each, as the real eval ran them)
     and the fidelity pairs of the real episodes' calls and the tasks' recorded examples."""
+    progress = log_turns(log, "  eval, rehearsal-judged: ", max_turns) if log is not None else None
     trajs, _ = run_episodes(tasks, actor, sources.episodes, RolloutConfig(group_size=group_size, max_turns=max_turns),
-                            judge=judge)
+                            judge=judge, on_turn=progress)
+    t0 = time.perf_counter()
     pairs = measure_fidelity(tasks, cases_from_trajectories(tasks, real, "policy"), sources.calls)
     pairs += measure_fidelity(tasks, example_cases(tasks), sources.examples)
     if log is not None:
-        log(f"  rehearsal gap: {len(trajs)} rehearsal-judged episodes, {len(pairs)} rehearsed responses compared")
+        log(f"  rehearsal gap: {len(trajs)} rehearsal-judged episodes, {len(pairs)} rehearsed responses compared "
+            f"with the real ones in {time.perf_counter() - t0:.0f} s")
     return GapParts(trajs, pairs)
 
 
