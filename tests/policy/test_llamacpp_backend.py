@@ -28,7 +28,7 @@ def _prompts(tok):
 
 
 def _llama(tok, model, quant="F32", **kw):
-    return LlamaCppBackend(tok, model, quant=quant, n_ctx=512, max_batch=4, n_threads=1, **kw)
+    return LlamaCppBackend(tok, model, quant=quant, **{"n_ctx": 512, "max_batch": 4, "n_threads": 1, **kw})
 
 
 def test_f32_gguf_greedy_tokens_and_logprobs_match_transformers():
@@ -261,3 +261,20 @@ def test_a_llamacpp_run_evaluates_on_llamacpp_unless_told_otherwise(tmp_path, mo
     with pytest.raises(AssertionError, match="generated on transformers"):
         train(parse_config({**base, "eval": {**base["eval"], "backend": "transformers"}, "out": str(tmp_path / "b")}),
               log=lambda *_: None)
+
+
+def test_prompts_that_share_a_prefix_prefill_it_once_and_decode_as_alone():
+    """A later turn's prompts all start with the first turn's: the shared part is prefilled once
+    (its cells shared), and every row's tokens and log-probs are the reference's, prefixes and
+    strict prefixes of other prompts included."""
+    model, tok = load_model("tiny")
+    head = tok.encode("The capital of France is Paris, and the capital of Spain is")
+    tails = [tok.encode(" Madrid. Next"), tok.encode(" Madrid, of course"), tok.encode(" a city")]
+    prompts = [head + tails[0], head, head + tails[1], head + tails[0] + tok.encode(" question"), head + tails[2]]
+    params = SamplingParams(max_new_tokens=12, temperature=0)
+    backend = _llama(tok, model, max_batch=8)
+    out = backend.generate(prompts, params)
+    ref = TransformersBackend(model, tok).generate(prompts, params)
+    assert [g.token_ids for g in out] == [g.token_ids for g in ref]
+    assert all(np.allclose(o.logprobs, r.logprobs, atol=2e-2) for o, r in zip(out, ref))
+    assert backend.prefilled < sum(map(len, prompts)) - 3 * len(head) + 5  # the head once, not five times

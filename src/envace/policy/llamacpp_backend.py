@@ -258,6 +258,14 @@ def _extra_api(lib: Any) -> tuple[Any, Any]:
     return rm, cp
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
+
+
 class LlamaCppBackend:
     """GenerationBackend over llama.cpp, fed the trainer's weights by :meth:`sync_weights`.
 
@@ -295,6 +303,7 @@ class LlamaCppBackend:
         # with transformers at any size), so Q4_1 prompts and row steps go in smaller pieces.
         self._step_tokens = 16 if quant == "Q4_1" else n_ctx
         self.syncs = 0
+        self.prefilled = 0  # prompt tokens decoded (shared prefixes once)
         self.path: Path | None = None
         self._seq_rm, self._seq_cp = _extra_api(self.C._lib)
         _quiet(self.C._lib)
@@ -352,15 +361,19 @@ class LlamaCppBackend:
         if self._engine is None:
             raise RuntimeError("LlamaCppBackend has no weights yet: call sync_weights(model) first")
         results: list[Generation | None] = [None] * len(prompts)
-        # equal prompts sit together so they share one prefill; seeds follow the original index
-        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))
+        # In token order, a prompt's longest common prefix with any earlier one is with the one just
+        # before it: prefilled once, its cells shared (a later turn's prompts all start with the
+        # first turn's). Seeds follow the original index.
+        order = sorted(range(len(prompts)), key=lambda i: prompts[i])
         group: list[int] = []
         used = 0
         for i in order:
-            need = len(prompts[i]) + params.max_new_tokens
+            shared = _common_prefix(prompts[group[-1]], prompts[i]) if group else 0
+            need = len(prompts[i]) - shared + params.max_new_tokens
             if group and (len(group) == self.max_batch or used + need > self.n_ctx):
                 self._run(prompts, group, params, results)
                 group, used = [], 0
+                need = len(prompts[i]) + params.max_new_tokens
             group.append(i)
             used += need
         if group:
@@ -413,26 +426,29 @@ class LlamaCppBackend:
             C.llama_batch_free(batch)
 
     def _prefill(self, batch: Any, prompts: Sequence[list[int]], rows: list[int]) -> np.ndarray:
-        """Prompt KV for every row (one prefill per distinct prompt, cells shared by its copies);
-        returns the rows' next-token logits [len(rows), vocab]."""
+        """Prompt KV for every row (``rows`` in token order): the prefix a row shares with the row
+        before it takes that row's cells, only the rest is decoded; returns the rows' next-token
+        logits [len(rows), vocab]."""
         e = self._engine
         assert e is not None
-        first: dict[tuple[int, ...], int] = {}
         out = np.empty((len(rows), e.n_vocab), dtype=np.float32)
         for s, i in enumerate(rows):
-            key = tuple(prompts[i])
-            if key in first:
-                self._seq_cp(e.ctx, first[key], s, -1, -1)
-                out[s] = out[first[key]]
-                continue
-            first[key] = s
             p = prompts[i]
-            for lo in range(0, len(p), self._step_tokens):
+            shared = _common_prefix(prompts[rows[s - 1]], p) if s else 0
+            if shared == len(p) == len(prompts[rows[s - 1]]):  # the same prompt: its cells and logits
+                self._seq_cp(e.ctx, s - 1, s, -1, -1)
+                out[s] = out[s - 1]
+                continue
+            shared = min(shared, len(p) - 1)  # the last prompt token is decoded: its logits are needed
+            if shared:
+                self._seq_cp(e.ctx, s - 1, s, 0, shared)
+            for lo in range(shared, len(p), self._step_tokens):
                 chunk = p[lo: lo + self._step_tokens]
                 for j, tok in enumerate(chunk):
                     self._put(batch, j, tok, lo + j, s, lo + j == len(p) - 1)
                 batch.n_tokens = len(chunk)
                 self._decode(batch)
+                self.prefilled += len(chunk)
             out[s] = self._logits([len(chunk) - 1])[0]
         return out
 
