@@ -216,7 +216,8 @@ def test_a_run_without_a_world_warm_starts_from_what_the_file_records(pantry, tm
     row = _sft_row(run)
     assert row["sft/samples"] == 2 and row["sft/example_samples"] == 2 and (run.path / "sft").exists()
 
-    run, lines = _train(tmp_path, "recorded", _write(tmp_path / "rec.jsonl", _recorded(pantry["rows"], pantry["spec"])))
+    run, lines = _train(tmp_path, "recorded", _write(tmp_path / "rec.jsonl", _recorded(pantry["rows"], pantry["spec"])),
+                        "sft.caller_repeats=1")
     (said,) = [x for x in lines if x.startswith("warm start data:")]
     assert "6 caller samples from 6 reference replays (0 in a real world, 6 from recorded results)" in said
     assert "tasks skipped" not in said
@@ -284,7 +285,9 @@ def test_defaults_the_user_did_not_set_are_fitted_to_the_task_file_and_printed(p
     for cap, longest in ((cfg.rollout.caller_max_new_tokens, longest_call),
                          (cfg.rollout.simulator_max_new_tokens, longest_result)):
         assert longest < cap <= 1.25 * longest + 24
-    # 6 caller + 12 replayed-call + 3 example samples: two updates an epoch, so the most epochs
+    # 6 caller samples beside 12 replayed-call + 3 example samples: each caller sample 3 times an
+    # epoch (33 samples, three updates an epoch), so the most epochs
+    assert cfg.sft.caller_repeats == 3 and "sft.caller_repeats=3 (about 6 caller samples beside 15" in said[0]
     assert cfg.sft.epochs == 10
     assert cfg.eval.samples == 8 and cfg.eval.temperature == 0.5  # 2 held-out tasks
     (line,) = said
@@ -309,6 +312,7 @@ def test_defaults_the_user_did_not_set_are_fitted_to_the_task_file_and_printed(p
                        values={"task_file": str(path)})
     kept = fitted_to_data(mine, said.append)
     assert (kept.rollout.caller_max_new_tokens, kept.sft.epochs, kept.eval.samples) == (40, 3, 1)
+    assert kept.sft.caller_repeats == 3  # still fitted: the user set the epochs, not the repeats
     assert (kept.rollout.temperature, kept.grpo.anchor_coef, kept.mixed_precision) == (1.0, 0.0, "no")
     assert "rollout.temperature=" not in said[0] and "anchor_coef" not in said[0] and "mixed_precision" not in said[0]
     assert kept.rollout.simulator_max_new_tokens == cfg.rollout.simulator_max_new_tokens

@@ -27,6 +27,10 @@ TOKEN_SLACK = 8
 MIN_CAP, MAX_CAP = 64, 1024  # below 64 a turn with a sentence before its call is cut
 SFT_UPDATES = 40  # optimiser steps the warm start should get at least (epochs over the samples)
 MIN_EPOCHS, MAX_EPOCHS = 2, 10
+# The caller's samples are repeated up to this many times an epoch, until they are as many as the
+# simulator's: on the helpdesk the caller was a fifth of the warm start and invented tool names
+# (docs/notes/2026-12-07-caller-warm-start.md).
+MAX_CALLER_REPEATS = 4
 EVAL_EPISODES = 80  # held-out episodes per eval: enough that a 0.1 gain is about two standard errors
 MAX_EVAL_SAMPLES = 8
 EVAL_TEMPERATURE = 0.5
@@ -68,18 +72,26 @@ def recorded_results(tasks: Sequence[Task]) -> list[str]:
     return out
 
 
-def estimated_sft_samples(cfg: TrainConfig, pool: Sequence[Task], replayable: Sequence[Task]) -> int:
-    """About how many samples the warm start will train on: a caller sample per replayed task, a
-    simulator sample per replayed call and per distinct recorded example (before any is dropped)."""
+def estimated_role_samples(cfg: TrainConfig, pool: Sequence[Task], replayable: Sequence[Task]) -> tuple[int, int]:
+    """About how many (caller, simulator) samples the warm start has before ``sft.caller_repeats``:
+    a caller sample per replayed task, a simulator sample per replayed call and per distinct
+    recorded example (before any is dropped)."""
     replays = list(replayable)[: cfg.sft.trajectories]
-    n = len(replays) * cfg.sft.caller_repeats if "caller" in cfg.sft.roles else 0
+    caller = len(replays) if "caller" in cfg.sft.roles else 0
+    sim = 0
     if "simulator" in cfg.sft.roles:
         with_sim = replays if cfg.sft.simulator_trajectories is None else replays[: cfg.sft.simulator_trajectories]
-        n += sum(len(t.reference.calls) for t in with_sim if t.reference is not None)
+        sim += sum(len(t.reference.calls) for t in with_sim if t.reference is not None)
         distinct = {dump_result([e.tool, e.arguments, e.result]) for t in pool for e in t.examples}
         limit = len(distinct) if cfg.sft.example_samples is None else cfg.sft.example_samples
-        n += min(len(distinct), limit)
-    return n
+        sim += min(len(distinct), limit)
+    return caller, sim
+
+
+def estimated_sft_samples(cfg: TrainConfig, pool: Sequence[Task], replayable: Sequence[Task]) -> int:
+    """About how many samples an epoch of the warm start trains on."""
+    caller, sim = estimated_role_samples(cfg, pool, replayable)
+    return caller * cfg.sft.caller_repeats + sim
 
 
 def measuring_tokenizer(model: str) -> tuple[Any, str]:
@@ -156,8 +168,16 @@ def fit_to_data(cfg: TrainConfig, pool: Sequence[Task], replayable: Sequence[Tas
             clipped = " (capped)" if _cap(longest) < longest else ""
             notes.append(f"rollout.simulator_max_new_tokens={rollout['simulator_max_new_tokens']}{clipped} (the "
                          f"longest recorded result is {longest} tokens{counted}, +25%)")
-    if cfg.sft.enabled and cfg.sft.init_from is None and "epochs" not in cfg.sft.model_fields_set:
-        n = estimated_sft_samples(cfg, pool, replayable)
+    warm = cfg.sft.enabled and cfg.sft.init_from is None
+    if warm and "caller_repeats" not in cfg.sft.model_fields_set:
+        caller, sim = estimated_role_samples(cfg, pool, replayable)
+        repeats = min(MAX_CALLER_REPEATS, math.ceil(sim / caller)) if caller else 1
+        if repeats > 1:
+            sft["caller_repeats"] = repeats
+            notes.append(f"sft.caller_repeats={repeats} (about {caller} caller samples beside {sim} simulator "
+                         "samples: a caller that has not learnt the tool names gives RL nothing to start from)")
+    if warm and "epochs" not in cfg.sft.model_fields_set:
+        n = estimated_sft_samples(cfg.model_copy(update={"sft": cfg.sft.model_copy(update=sft)}), pool, replayable)
         if n:
             per_epoch = math.ceil(n / cfg.sft.batch_samples)
             sft["epochs"] = min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(SFT_UPDATES / per_epoch)))
