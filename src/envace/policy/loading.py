@@ -22,6 +22,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import warnings
 import logging
 import os
 import copy
@@ -345,7 +346,9 @@ def _load_adapter(path: Path, dtype: torch.dtype, merge_lora: bool) -> tuple[Pre
         raise ModelSpecError(f"peft adapter {str(path)!r}: cannot load its base model: {err}") from None
     if (path / "tokenizer_config.json").is_file():  # the adapter's own tokenizer wins (added tokens)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    model = PeftModel.from_pretrained(base, path)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing itself
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        model = PeftModel.from_pretrained(base, path)
     if merge_lora:
         model = model.merge_and_unload()
     return model.eval(), tokenizer
