@@ -408,7 +408,10 @@ class LlamaCppBackend:
                         keep.append(s)
                     else:
                         results[rows[s]] = done
-                        self._seq_rm(e.ctx, s, -1, -1)  # its cells serve the other rows now
+                        # Its cells stay until the next group: ik_llama.cpp 0.1.5's llama_kv_cache_seq_rm
+                        # frees a cell other rows share with it (a prompt prefix), and those rows then
+                        # decode from a prefix that is no longer there (their samples went wrong a few
+                        # tokens after the first row ended). Every row's cells are budgeted anyway.
                 if not keep:
                     break
                 running = keep
