@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import dataclass, field
 
 from torch import nn
 
 from envace.experiments.config import LoraConfig
-from envace.policy.loading import load_model
+from envace.policy.loading import load_model, quiet_peft
 from envace.train.modes import ModeSpec
 
 
@@ -27,10 +26,7 @@ def with_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
         raise ValueError(f"lora.target_modules {cfg.target_modules} match no module of the model")
     peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                               task_type="CAUSAL_LM")
-    with warnings.catch_warnings():
-        # peft reads transformers' deprecated is_gradient_checkpointing itself: not ours to fix, and a
-        # newcomer reads the FutureWarning as a failure
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+    with quiet_peft():
         return get_peft_model(model, peft_cfg)
 
 

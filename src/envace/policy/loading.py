@@ -25,6 +25,7 @@ import json
 import warnings
 import logging
 import os
+import contextlib
 import copy
 import shutil
 import tempfile
@@ -334,6 +335,15 @@ def _load_hf_dir(
     return model.eval(), tokenizer
 
 
+@contextlib.contextmanager
+def quiet_peft():
+    """peft reads transformers' deprecated is_gradient_checkpointing itself: not ours to fix, and a
+    newcomer reads the FutureWarning as a failure."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        yield
+
+
 def _load_adapter(path: Path, dtype: torch.dtype, merge_lora: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from peft import PeftModel  # seconds to import: only when a LoRA adapter is loaded
 
@@ -346,8 +356,7 @@ def _load_adapter(path: Path, dtype: torch.dtype, merge_lora: bool) -> tuple[Pre
         raise ModelSpecError(f"peft adapter {str(path)!r}: cannot load its base model: {err}") from None
     if (path / "tokenizer_config.json").is_file():  # the adapter's own tokenizer wins (added tokens)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing itself
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+    with quiet_peft():
         model = PeftModel.from_pretrained(base, path)
     if merge_lora:
         model = model.merge_and_unload()
