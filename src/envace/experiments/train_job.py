@@ -38,6 +38,7 @@ from envace.experiments.rundir import RunDir
 from envace.experiments.tasksets import (EvalKind, TaskSet, WorldTasks, eval_kind, eval_tasks, eval_world, real_eval_tasks,
                                          sampled_pool, task_set, train_tasks)
 from envace.experiments.train_step import Trainer, own_forward_logprobs, train_step
+from envace.policy.allocator import release_freed_memory
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
 from envace.policy.threads import AdaptiveThreads
@@ -167,6 +168,7 @@ def evaluate_real(model: torch.nn.Module, tokenizer: Any, tasks: list, cfg: Trai
     finally:
         if task_set is None:
             ts.close()
+    release_freed_memory()
     gap = None
     if ts.checklist and ts.kind == "real" and cfg.eval.rehearsal_gap:
         if backends is not None:
@@ -244,10 +246,15 @@ def run_policy(cfg: TrainConfig, saved: Path | None = None) -> tuple[torch.nn.Mo
 
 
 def _on_step(bar: StepProgress, threads: AdaptiveThreads | None):
+    last_release = [time.perf_counter()]
+
     def on_step(step: int, total: int, loss: float) -> None:
         bar.update(step, total, {"loss": loss})
         if threads is not None:
             threads.check()
+        if time.perf_counter() - last_release[0] > 10:  # a trim walks the heap: not after every fast step
+            release_freed_memory()
+            last_release[0] = time.perf_counter()
 
     return on_step
 

@@ -19,6 +19,7 @@ from envace.experiments.models import RunModels
 from envace.experiments.rollout_backends import RolloutBackends
 from envace.experiments.tasksets import TaskSet, step_tasks
 from envace.experiments.step_metrics import kv_counts, recompute_gap, step_row
+from envace.policy.allocator import release_freed_memory
 from envace.train import distributed as dist
 from envace.train.advantages import ScoredSample, groups_with_signal
 from envace.train.collectives import reduce_sum
@@ -108,6 +109,7 @@ def train_step(t: Trainer, step: int) -> tuple[dict[str, Any], list[Trajectory]]
     if cfg.dynamic_sampling:
         got = dynamic_sampling(cfg, t.tasks.train_pool, step, got, t.roll, acc)
     scored = got.to_train()
+    release_freed_memory()  # the rollouts' caches and buffers, before the update allocates its own
     t_roll = time.perf_counter() - t0
     kv1 = kv_counts(b.caller, b.simulator)
     own = own_forward_logprobs(cfg)  # the update's forward scores the rollouts itself
@@ -116,6 +118,7 @@ def train_step(t: Trainer, step: int) -> tuple[dict[str, Any], list[Trajectory]]
     ustats = update_for_mode(t.models.spec, t.updaters, scored, lr=warmup_lr(cfg.grpo.lr, step, cfg.grpo.warmup_steps),
                              anchor=anchor)
     b.sync()  # the serving engine generates the next rollouts with the new weights
+    release_freed_memory()
     t_total = time.perf_counter() - t0
     rolled = dist.gather_objects(acc, [(got.tokens_per_s, t_roll)])
     trajs = dist.gather_in_task_order(acc, got.trajectories, got.tasks)
