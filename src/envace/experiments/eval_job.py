@@ -37,6 +37,7 @@ from envace.experiments.gap import failure_metrics, gap_metrics, gap_sources, ru
 from envace.experiments.rundir import RunDir
 from envace.experiments.tasks import select_tasks
 from envace.envs.registry import world_names
+from envace.policy.allocator import DEFAULT_MMAP_THRESHOLD, cap_heap_blocks
 from envace.policy.threads import apply_threads
 from envace.reward.judge import ModelJudge
 from envace.rollout.actors import OracleActor, PolicyActor
@@ -405,6 +406,7 @@ def run_eval_job(job: EvalJob, log=print) -> RunDir:
     for note in models.notes:
         log(note)
     apply_threads(job.threads, log)
+    cap_heap_blocks(DEFAULT_MMAP_THRESHOLD)  # as a training run does
     caller = load_eval_backend(models.caller, job.max_batch, job.device, job.dtype, job.kv_reuse_tokens,
                                job.llamacpp_quant)
     sim = caller if models.shared else load_eval_backend(models.simulator, job.max_batch, job.device, job.dtype,

@@ -38,7 +38,7 @@ from envace.experiments.rundir import RunDir
 from envace.experiments.tasksets import (EvalKind, TaskSet, WorldTasks, eval_kind, eval_tasks, eval_world, real_eval_tasks,
                                          sampled_pool, task_set, train_tasks)
 from envace.experiments.train_step import Trainer, own_forward_logprobs, train_step
-from envace.policy.allocator import release_freed_memory
+from envace.policy.allocator import cap_heap_blocks, release_freed_memory
 from envace.policy.data_tokenizer import train_data_tokenizer
 from envace.policy.loading import scratch_llama, smollm2_tokenizer
 from envace.policy.threads import AdaptiveThreads
@@ -562,6 +562,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print,
           on_run: Any = None) -> RunDir:
     """``on_run``: called with the run directory as soon as it exists (so an interrupt can name it)."""
     threads = AdaptiveThreads(cfg.threads, log)  # re-checked between steps: other jobs come and go
+    cap_heap_blocks(None if cfg.mmap_threshold_kib is None else cfg.mmap_threshold_kib * 1024)
     acc = dist.make_accelerator(timeout_s=DIST_TIMEOUT_S)  # None unless launched with several processes
     dist.require_replicated(acc)
     main = dist.is_main_process(acc)

@@ -1,11 +1,16 @@
-"""Hand the memory torch has freed back to the operating system between phases of a job.
+"""Keep the C heap from holding memory torch has freed (glibc; a no-op elsewhere).
 
-On glibc, the CPU tensors of a rollout or an update are freed into the C heap, which keeps them
-resident: tensors of ever-new sizes (each step's sequences differ) fragment the heap, so the
-process's resident memory grows step after step although the live tensors do not
-(docs/results.md, issue #43). ``malloc_trim(0)`` returns the free pages of every arena to the
-system; it costs a walk over the heap, nothing on the allocation path. Elsewhere (musl, macOS,
-Windows) it is a no-op.
+glibc serves a freed CPU tensor's memory from its heap, and raises its mmap threshold (up to
+32 MB) each time a large mmapped block is freed, so after the first steps every activation, KV
+cache and logits buffer comes from the heap too. Tensors of ever-new sizes (each step's sequences
+differ) then fragment it: the process's resident memory grew by about half a GiB a GRPO step
+although the live tensors did not (docs/results.md, issue #43). Two levers, both here:
+
+* :func:`release_freed_memory` (``malloc_trim``) between phases returns the free pages of every
+  arena to the system: resident memory after a step stops growing; it costs one walk of the heap.
+* :func:`cap_heap_blocks` fixes the mmap threshold, so blocks at least that large are mapped and
+  unmapped on their own and never fragment the heap: the peak within a step stops growing too,
+  at the price of fresh (zeroed) pages for each large tensor.
 """
 
 from __future__ import annotations
@@ -14,22 +19,37 @@ import ctypes
 import ctypes.util
 import functools
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+DEFAULT_MMAP_THRESHOLD = 4 << 20  # a job's default (TrainConfig.mmap_threshold_kib): docs/results.md
+
 
 @functools.cache
-def _malloc_trim():
+def _libc():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.malloc_trim
+        trim, mallopt = libc.malloc_trim, libc.mallopt
     except (OSError, AttributeError, TypeError):
         return None
-    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-    return fn
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return trim, mallopt
 
 
 def release_freed_memory() -> bool:
     """Return the heap's free pages to the system; True if the C library could (glibc)."""
-    fn = _malloc_trim()
-    if fn is None:
+    fns = _libc()
+    if fns is None:
         return False
-    fn(0)
+    fns[0](0)
     return True
+
+
+def cap_heap_blocks(threshold_bytes: int | None) -> bool:
+    """Blocks of ``threshold_bytes`` or more are mapped on their own (glibc's ``M_MMAP_THRESHOLD``,
+    which also stops its dynamic raising); None leaves glibc's default. True if it was set."""
+    if threshold_bytes is None:
+        return False
+    if not 0 < threshold_bytes <= 32 * 2**20:
+        raise ValueError(f"mmap threshold must be in (0, 32 MiB], got {threshold_bytes}")
+    fns = _libc()
+    return fns is not None and bool(fns[1](M_MMAP_THRESHOLD, int(threshold_bytes)))
