@@ -299,6 +299,7 @@ def test_defaults_the_user_did_not_set_are_fitted_to_the_task_file_and_printed(p
     assert (cfg.rollout.temperature, cfg.rollout.simulator_temperature) == (0.7, 0.0)
     assert (cfg.grpo.anchor_coef, cfg.grpo.warmup_steps, cfg.grpo.norm_by_std) == (1.0, 3, True)
     assert cfg.eval.every == cfg.steps // 2
+    assert cfg.sft.lr == 5e-4 and "sft.lr=0.0005 (" in line
     for key in ("rollout.temperature=0.7 (", "grpo.anchor_coef=1.0 (", f"eval.every={cfg.steps // 2} ("):
         assert key in line
     from envace.policy.loading import bf16_is_fast
@@ -308,12 +309,13 @@ def test_defaults_the_user_did_not_set_are_fitted_to_the_task_file_and_printed(p
     # What the user set stays as set, and is not mentioned.
     said.clear()
     mine = load_config(None, ["model=tiny", "rollout.caller_max_new_tokens=40", "sft.epochs=3", "eval.temperature=0",
-                              "rollout.temperature=1.0", "grpo.anchor_coef=0", "mixed_precision=no"],
+                              "rollout.temperature=1.0", "grpo.anchor_coef=0", "mixed_precision=no", "sft.lr=1e-4"],
                        values={"task_file": str(path)})
     kept = fitted_to_data(mine, said.append)
     assert (kept.rollout.caller_max_new_tokens, kept.sft.epochs, kept.eval.samples) == (40, 3, 1)
     assert kept.sft.caller_repeats == 3  # still fitted: the user set the epochs, not the repeats
-    assert (kept.rollout.temperature, kept.grpo.anchor_coef, kept.mixed_precision) == (1.0, 0.0, "no")
+    assert (kept.rollout.temperature, kept.grpo.anchor_coef, kept.mixed_precision, kept.sft.lr) == (1.0, 0.0, "no", 1e-4)
+    assert "sft.lr" not in said[0]
     assert "rollout.temperature=" not in said[0] and "anchor_coef" not in said[0] and "mixed_precision" not in said[0]
     assert kept.rollout.simulator_max_new_tokens == cfg.rollout.simulator_max_new_tokens
     assert "caller_max_new_tokens" not in said[0] and "sft.epochs" not in said[0] and "eval.samples" not in said[0]

@@ -108,7 +108,7 @@ def measuring_tokenizer(model: str) -> tuple[Any, str]:
     return smollm2_tokenizer(), "" if named else " (counted with SmolLM2's tokenizer)"
 
 
-def _recipe(cfg: TrainConfig, bf16: bool, anchor: bool) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def _recipe(cfg: TrainConfig, bf16: bool, anchor: bool, warm: bool) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """The SmolLM2 recipe that learned on the embedded worlds (configs/smollm2_cpu.yaml), for the
     settings a task-file run left unset: after a short warm start a small model's T=1 samples are
     mostly not tool calls, a sampled rehearsed world is mostly noise, RL without the warm start's
@@ -130,6 +130,9 @@ def _recipe(cfg: TrainConfig, bf16: bool, anchor: bool) -> tuple[dict[str, dict[
          "the same way each time)")
     if anchor:  # the anchor's samples are the warm start's: it needs tasks the warm start can replay
         take("grpo", "anchor_coef", 1.0, " (each update also fits warm-start samples, so RL keeps what SFT taught)")
+    if warm:
+        take("sft", "lr", 5e-4, " (the recipe's warm-start rate: at 2e-4 the helpdesk caller still chose the "
+             "wrong first tool for most held-out requests)")
     take("grpo", "warmup_steps", 3, "")
     take("grpo", "norm_by_std", True, "")
     if bf16:
@@ -192,9 +195,9 @@ def fit_to_data(cfg: TrainConfig, pool: Sequence[Task], replayable: Sequence[Tas
             notes.append(f"eval.samples={ev['samples']} at eval.temperature={temperature} ({eval_tasks} held-out "
                          f"tasks: one greedy episode each moves in steps of {1 / eval_tasks:.2f}; "
                          f"{ev['samples'] * eval_tasks} sampled episodes show a smaller gain)")
-    recipe, why = _recipe(cfg, bf16, anchor=bool(replayable))
+    recipe, why = _recipe(cfg, bf16, anchor=bool(replayable), warm=warm)
     for section, values in recipe.items():
-        target = {"rollout": rollout, "eval": ev}.get(section)
+        target = {"rollout": rollout, "eval": ev, "sft": sft}.get(section)
         if target is not None:
             target.update(values)
     notes += why
