@@ -64,16 +64,16 @@ def _config(tmp: Path) -> Path:
     cfg = {
         "model": "tiny", "task_file": str(_task_file(tmp / "tasks.jsonl")), "tool_distractors": 0, "steps": 1,
         "tasks_per_step": TASKS_PER_STEP, "group_size": G, "threads": 1,
-        # fp32, no anchor and no caller repeats, as the 1-process reference update below computes it: a
-        # task-file run would otherwise take the fitted recipe's bf16, warm-start anchor and
-        # sft.caller_repeats (experiments/data_defaults.py)
+        # fp32, no anchor, no caller repeats and the SFT rate as set, as the 1-process reference update
+        # below computes it: a task-file run would otherwise take the fitted recipe's bf16, warm-start
+        # anchor, sft.caller_repeats and sft.lr (experiments/data_defaults.py)
         "rollout": {"max_turns": 2, "caller_max_new_tokens": 8, "simulator_max_new_tokens": 8, "max_batch": 8,
                     "dtype": "float32", "temperature": 1.0, "simulator_temperature": None},
         "mixed_precision": "no",
         "prompt": {"max_examples": 1},
         "grpo": {"lr": 1e-3, "anchor_coef": 0.0, "warmup_steps": 0, "norm_by_std": False},
         "lora": {"enabled": True, "r": 2, "alpha": 4},
-        "sft": {"trajectories": 2, "epochs": 1, "caller_repeats": 1},
+        "sft": {"trajectories": 2, "epochs": 1, "caller_repeats": 1, "lr": 2e-4},
         "eval": {"every": 0, "tasks": EVAL_TASKS, "samples": 1},  # set: a task file would get fitted samples
         "checkpoint": {"every": 1, "keep_last": 3},
         "out": str(tmp / "runs"),
