@@ -58,21 +58,16 @@ def envace_side(args: argparse.Namespace, backend: str, out: Path) -> dict:
     run = sorted(out.glob("train-*"))[-1]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if r.get("phase") == "train" and "step_s" in r]
-    tokens = [sum(len(s["gen_ids"]) for t in _trajs(run, r["step"]) for s in t["samples"]) for r in steps]
+    made: dict[int, int] = {}  # generated tokens per step, the trajectories file read once
+    for line in (run / "trajectories.jsonl").read_text().splitlines():
+        if line.strip():
+            t = json.loads(line)
+            made[t["step"]] = made.get(t["step"], 0) + sum(len(s["gen_ids"]) for s in t["samples"])
+    tokens = [made.get(r["step"], 0) for r in steps]
     return {"side": f"envace, {backend} rollouts", "step_s": [r["step_s"] for r in steps],
             "rollout_s": [r["rollout_s"] for r in steps], "update_s": [r["update_s"] for r in steps],
             "gen_tokens": tokens, "peak_gib": max(r["mem/peak_rss_gib"] for r in steps),
             "wall_s": time.perf_counter() - t0}
-
-
-def _trajs(run: Path, step: int) -> list[dict]:
-    rows = []
-    for line in (run / "trajectories.jsonl").read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            if r.get("step") == step:
-                rows.append(r)
-    return rows
 
 
 def trl_side(args: argparse.Namespace) -> dict:

@@ -329,9 +329,9 @@ class TrainConfig(_Section):
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: one per idle core, "
                                 "checked again between steps)")
     mmap_threshold_kib: int | None = Field(
-        DEFAULT_MMAP_THRESHOLD // 1024, ge=1, le=32768, description="CPU buffers of this many KiB or more get memory of their own, handed "
-        "back to the system when freed (glibc; policy/allocator.py): without it the C heap fragments and a "
-        "run's peak memory grows step after step (docs/results.md). null: glibc's default")
+        DEFAULT_MMAP_THRESHOLD // 1024, ge=1, le=32768, description="CPU buffers of this many KiB or more get "
+        "memory of their own, handed back to the system when freed (glibc; policy/allocator.py): without it the "
+        "C heap fragments and a run's peak memory grows step after step (docs/results.md). null: glibc's default")
     mixed_precision: Literal["no", "bf16"] = Field(
         "no", description="the SFT and GRPO updates' forward in bf16 autocast (weights, gradients and optimiser "
         "state stay fp32): faster on GPUs and on CPUs with AVX512-BF16 or AMX; log-probs then carry bf16 "
